@@ -1,0 +1,92 @@
+# The front door: `make` builds every program and test program, `make test` runs CTest,
+# `make bench` prints benchmark figures, `make data` fetches Multi30k into data/multi30k.
+#
+#   make            nvcc found: transformer.cu compiled by nvcc (CPU + CUDA paths)
+#   make CPU=1      transformer.cu compiled by g++ as C++ (CPU path only)
+#
+# Objects go to build/; a stamp records the configuration so switching CPU=1 on or off rebuilds.
+
+CXX      ?= g++
+CXXFLAGS ?= -O2 -g
+CXXFLAGS += -std=c++17 -Wall -Wextra -Wno-unused-parameter -march=x86-64-v2
+LDLIBS   :=
+BUILD    := build
+
+# ---- probes ------------------------------------------------------------------------------------
+ifeq ($(CPU),1)
+  NVCC :=
+else
+  NVCC := $(shell command -v nvcc 2>/dev/null)
+endif
+OPENMP := $(shell echo 'int main(){return 0;}' | $(CXX) -fopenmp -x c++ - -o /dev/null 2>/dev/null && echo yes)
+UTF8PROC := $(shell pkg-config --exists libutf8proc 2>/dev/null && echo yes)
+ifneq ($(UTF8PROC),yes)
+  ifeq ($(shell id -u),0)
+    $(info utf8proc missing: installing libutf8proc-dev with apt-get)
+    $(shell (apt-get install -y libutf8proc-dev || (apt-get update && apt-get install -y libutf8proc-dev)) >/dev/null 2>&1)
+    UTF8PROC := $(shell pkg-config --exists libutf8proc 2>/dev/null && echo yes)
+  endif
+endif
+ifneq ($(UTF8PROC),yes)
+  $(error utf8proc not found; install it with: sudo apt-get install libutf8proc-dev)
+endif
+CXXFLAGS += $(shell pkg-config --cflags libutf8proc)
+LDLIBS   += $(shell pkg-config --libs libutf8proc)
+
+ifeq ($(OPENMP),yes)
+  CXXFLAGS += -fopenmp
+  LDLIBS   += -fopenmp
+  $(info ✓ OpenMP)
+else
+  $(info ✗ OpenMP not found: CPU loops run on one core)
+endif
+
+ifneq ($(NVCC),)
+  CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+  NVCCFLAGS ?= -O2 -g
+  NVCCFLAGS += -std=c++17 -x cu -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+               -Xcompiler "$(filter -fopenmp -march=%,$(CXXFLAGS)) -Wall" $(shell pkg-config --cflags libutf8proc)
+  LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart
+  CONFIG   := cuda
+  $(info ✓ nvcc ($(NVCC)): CUDA path compiled)
+else
+  CONFIG   := cpu
+  $(info ✗ nvcc not used$(if $(filter 1,$(CPU)), (CPU=1),): transformer.cu compiled by $(CXX) as C++, CPU path only)
+endif
+
+# ---- sources -----------------------------------------------------------------------------------
+LIB_OBJS := $(patsubst %.cu,$(BUILD)/%.o,$(wildcard transformer.cu)) $(patsubst %.cpp,$(BUILD)/%.o,$(wildcard tokenizer.cpp data/*.cpp))
+PROGRAMS := $(basename $(wildcard train.cpp translate.cpp))
+TESTS    := $(patsubst test/%.cpp,$(BUILD)/test/%,$(wildcard test/*.cpp))
+HEADERS  := $(wildcard *.h data/*.h test/*.h)
+
+.PHONY: all test clean FORCE
+all: $(PROGRAMS) $(TESTS)
+
+$(BUILD)/config.stamp: FORCE
+	@mkdir -p $(BUILD)
+	@echo '$(CONFIG) $(CXXFLAGS)' | cmp -s - $@ || echo '$(CONFIG) $(CXXFLAGS)' > $@
+
+ifneq ($(NVCC),)
+$(BUILD)/transformer.o: transformer.cu $(HEADERS) $(BUILD)/config.stamp
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+else
+$(BUILD)/transformer.o: transformer.cu $(HEADERS) $(BUILD)/config.stamp
+	$(CXX) $(CXXFLAGS) -x c++ -c $< -o $@
+endif
+
+$(BUILD)/%.o: %.cpp $(HEADERS) $(BUILD)/config.stamp
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -c $< -o $@
+
+$(PROGRAMS): %: $(BUILD)/%.o $(LIB_OBJS)
+	$(CXX) $^ -o $@ $(LDLIBS)
+
+$(BUILD)/test/%: $(BUILD)/test/%.o $(LIB_OBJS)
+	$(CXX) $^ -o $@ $(LDLIBS)
+
+test: all
+	ctest --test-dir test --output-on-failure
+
+clean:
+	rm -rf $(BUILD) $(PROGRAMS)

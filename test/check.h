@@ -1,0 +1,57 @@
+// Shared by every test program: counts checks, keeps the worst error next to its tolerance, and turns
+// any failure into a non-zero exit. A test that checks nothing fails too.
+#pragma once
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <string>
+
+struct Checker {
+  std::string name;
+  long checks = 0, failures = 0;
+  double worst_rel = 0, worst_tol = 0;  // the largest relative error seen and the tolerance it had
+  std::string worst_what;
+
+  explicit Checker(std::string n) : name(std::move(n)) {}
+
+  // A yes/no property; `fmt` describes it and is printed on failure.
+  bool expect(bool ok, const char* fmt, ...) __attribute__((format(printf, 3, 4))) {
+    ++checks;
+    if (!ok) {
+      ++failures;
+      va_list ap;
+      va_start(ap, fmt);
+      std::fprintf(stderr, "FAIL %s: ", name.c_str());
+      std::vfprintf(stderr, fmt, ap);
+      std::fputc('\n', stderr);
+      va_end(ap);
+    }
+    return ok;
+  }
+
+  // |got - want| <= max(rtol * |want|, atol); the relative error |got - want| / max(|want|, atol / rtol)
+  // is what gets reported.
+  bool close(double got, double want, double rtol, double atol, const char* what) {
+    double err = std::fabs(got - want);
+    double scale = std::fmax(std::fabs(want), atol / rtol);
+    double rel = std::isfinite(err) ? err / scale : INFINITY;
+    if (worst_what.empty() || !(rel <= worst_rel)) {
+      worst_rel = rel;
+      worst_tol = rtol;
+      worst_what = what;
+    }
+    return expect(rel <= rtol, "%s: got %.17g want %.17g (rel err %.3g > tol %.3g, abs floor %.3g)",
+                  what, got, want, rel, rtol, atol);
+  }
+
+  // Prints the summary line and returns the process exit status.
+  int finish() const {
+    if (checks == 0) {
+      std::printf("%s: no checks ran\n", name.c_str());
+      return 1;
+    }
+    std::printf("%s: %ld checks, %ld failed, max rel err %.3g (tol %.3g, at %s)\n", name.c_str(), checks,
+                failures, worst_rel, worst_tol, worst_what.empty() ? "-" : worst_what.c_str());
+    return failures ? 1 : 0;
+  }
+};
