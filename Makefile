@@ -7,8 +7,8 @@
 # Objects go to build/; a stamp records the configuration so switching CPU=1 on or off rebuilds.
 
 CXX      ?= g++
-CXXFLAGS ?= -O2 -g
-CXXFLAGS += -std=c++17 -Wall -Wextra -Wno-unused-parameter -march=x86-64-v2
+CXXFLAGS ?= -O3 -g
+CXXFLAGS += -std=c++17 -Wall -Wextra -Wno-unused-parameter -march=native
 LDLIBS   :=
 BUILD    := build
 
@@ -43,7 +43,7 @@ endif
 
 ifneq ($(NVCC),)
   CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
-  NVCCFLAGS ?= -O2 -g
+  NVCCFLAGS ?= -O3 -g
   NVCCFLAGS += -std=c++17 -x cu -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
                -Xcompiler "$(filter -fopenmp -march=%,$(CXXFLAGS)) -Wall" $(shell pkg-config --cflags libutf8proc)
   LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart

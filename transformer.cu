@@ -1,0 +1,1003 @@
+// The Transformer of "Attention Is All You Need", forward and backward, written to be read beside the paper.
+// The dimension legend and the conventions are at the top of transformer.h. The order of this file is the
+// paper's: §3.1 stacks after their parts, §3.2 attention, §3.3 FFN, §3.4 embeddings, §3.5 positions, §5
+// training. CPU code (namespace cpu) is the reference; this file compiles with g++ as C++ and with nvcc.
+#include "transformer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+
+// ---- configuration ---------------------------------------------------------------------------------
+
+void Config::validate() const {
+  auto need = [](bool ok, const char* what) {
+    if (!ok) throw std::invalid_argument(std::string("invalid config: ") + what);
+  };
+  need(N >= 1, "layers must be >= 1");
+  need(D >= 2 && D % 2 == 0, "d_model must be even and >= 2 (sinusoids come in pairs)");
+  need(H >= 1 && D % H == 0, "d_model must be divisible by heads");
+  need(F >= 1, "d_ff must be >= 1");
+  need(V >= 5, "vocabulary must hold the 4 special tokens and at least one more");
+  need(max_len >= 2, "max length must be >= 2");
+  need(p_drop >= 0 && p_drop < 1 && p_attn >= 0 && p_attn < 1 && p_relu >= 0 && p_relu < 1,
+       "dropout probabilities must be in [0, 1)");
+  need(eps_ls >= 0 && eps_ls < 1, "label smoothing must be in [0, 1)");
+  need(ln_eps > 0, "LayerNorm epsilon must be > 0");
+  need(warmup >= 1, "warmup steps must be >= 1");
+  need(lr_scale > 0, "learning-rate scale must be > 0");
+  need(clip_norm >= 0, "clip norm must be >= 0 (0 = off)");
+}
+
+Config config_preset(const std::string& name) {
+  Config c;  // the defaults are the base model of Table 3
+  if (name == "base") return c;
+  if (name == "big") {  // Table 3, big
+    c.D = 1024, c.F = 4096, c.H = 16, c.p_drop = 0.3;
+    return c;
+  }
+  if (name == "small") {  // Multi30k-sized: the PyTorch reference's shape (../shared/bench)
+    c.N = 3, c.D = 256, c.F = 1024, c.H = 8, c.warmup = 1000;
+    return c;
+  }
+  if (name == "tiny") {  // the built-in number corpus on two CPU cores
+    c.N = 2, c.D = 64, c.F = 256, c.H = 4, c.warmup = 400, c.max_len = 64;
+    return c;
+  }
+  throw std::invalid_argument("unknown config '" + name + "' (choose tiny, small, base or big)");
+}
+
+// ---- parameters ----------------------------------------------------------------------------------
+
+template <typename T>
+size_t parameter_layout(const Config& c, T* base, Weights<T>* w, std::vector<TensorInfo>* table) {
+  size_t total = 0;
+  auto add = [&](const std::string& name, std::vector<int> shape, Init init) -> T* {
+    size_t n = 1;
+    for (int d : shape) n *= (size_t)d;
+    if (table) table->push_back({name, shape, total, n, init});
+    T* p = base ? base + total : nullptr;
+    total += n;
+    return p;
+  };
+  auto attention = [&](const std::string& p) {
+    AttentionWeights<T> a;
+    a.wq = add(p + ".wq", {c.D, c.D}, Init::xavier_uniform);
+    a.wk = add(p + ".wk", {c.D, c.D}, Init::xavier_uniform);
+    a.wv = add(p + ".wv", {c.D, c.D}, Init::xavier_uniform);
+    a.wo = add(p + ".wo", {c.D, c.D}, Init::xavier_uniform);
+    return a;
+  };
+  auto norm = [&](const std::string& p) {
+    return NormWeights<T>{add(p + ".g", {c.D}, Init::ones), add(p + ".b", {c.D}, Init::zeros)};
+  };
+  auto ffn = [&](const std::string& p) {
+    FfnWeights<T> f;
+    f.w1 = add(p + ".w1", {c.D, c.F}, Init::xavier_uniform);
+    f.b1 = add(p + ".b1", {c.F}, Init::zeros);
+    f.w2 = add(p + ".w2", {c.F, c.D}, Init::xavier_uniform);
+    f.b2 = add(p + ".b2", {c.D}, Init::zeros);
+    return f;
+  };
+  Weights<T> v;
+  v.emb = add("emb", {c.V, c.D}, Init::embedding_normal);
+  for (int l = 0; l < c.N; ++l) {
+    std::string p = "enc." + std::to_string(l);
+    EncoderLayerWeights<T> e;
+    e.self = attention(p + ".self");
+    e.ln1 = norm(p + ".ln1");
+    e.ffn = ffn(p + ".ffn");
+    e.ln2 = norm(p + ".ln2");
+    v.enc.push_back(e);
+  }
+  v.enc_final = c.pre_ln ? norm("enc.final_ln") : NormWeights<T>{nullptr, nullptr};
+  for (int l = 0; l < c.N; ++l) {
+    std::string p = "dec." + std::to_string(l);
+    DecoderLayerWeights<T> d;
+    d.self = attention(p + ".self");
+    d.ln1 = norm(p + ".ln1");
+    d.cross = attention(p + ".cross");
+    d.ln2 = norm(p + ".ln2");
+    d.ffn = ffn(p + ".ffn");
+    d.ln3 = norm(p + ".ln3");
+    v.dec.push_back(d);
+  }
+  v.dec_final = c.pre_ln ? norm("dec.final_ln") : NormWeights<T>{nullptr, nullptr};
+  if (w) *w = v;
+  return total;
+}
+
+long Batch::target_tokens() const {
+  long n = 0;
+  for (int id : tgt_out) n += id != kPadId;
+  return n;
+}
+
+// ---- random numbers and dropout masks ------------------------------------------------------------
+
+// SplitMix64's finaliser: a bijective mix of 64 bits. Dropout, initialisation and shuffling use it, so
+// every run is reproducible on any platform (no std:: distributions, whose output varies).
+static inline uint64_t mix64(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+DropoutKey dropout_key(uint64_t seed, long step, uint32_t site, double p) {
+  return {mix64(mix64(mix64(seed) ^ (uint64_t)step) ^ site), p};
+}
+
+// Element i of a dropout site is kept when a 24-bit uniform from hash(stream, i) is >= p.
+static inline bool dropout_keeps(const DropoutKey& key, size_t i) {
+  return (double)(mix64(key.stream ^ (uint64_t)i) >> 40) * (1.0 / 16777216.0) >= key.p;
+}
+
+// Dropout sites: one id per (stack, layer, place), so no two masks in a step coincide.
+enum DropoutPlace : uint32_t { kEmbedding, kSelfOut, kSelfWeights, kCrossOut, kCrossWeights, kFfnOut, kFfnRelu };
+static uint32_t dropout_site(int stack, int layer, DropoutPlace place) {
+  return ((uint32_t)stack * 4096u + (uint32_t)layer) * 16u + place;
+}
+
+// ---- §3.5 positional encoding, Eq. 3 -------------------------------------------------------------
+
+// [§3.5] PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(pos / 10000^(2i/D)):
+// the pair (2i, 2i+1) shares one frequency.
+double positional_encoding(int pos, int i, int D) {
+  double angle = pos / std::pow(10000.0, (double)(i - i % 2) / D);
+  return i % 2 == 0 ? std::sin(angle) : std::cos(angle);
+}
+
+// [Eq. 3, §5.3] lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), times a scale factor
+double learning_rate(long step, int D, int warmup, double scale) {
+  double s = (double)std::max(step, 1L);
+  return scale * std::pow((double)D, -0.5) * std::min(std::pow(s, -0.5), s * std::pow((double)warmup, -1.5));
+}
+
+namespace cpu {
+
+// ---- matrix products -----------------------------------------------------------------------------
+
+template <typename T>
+void gemm(bool ta, bool tb, int M, int N, int K, const T* A, int lda, const T* B, int ldb, T* C, int ldc,
+          bool accumulate) {
+  // Rows of C are independent: each thread owns a block of them.
+#pragma omp parallel for schedule(static) if ((long)M * N * K > 100000)
+  for (int i = 0; i < M; ++i) {
+    T* c = C + (size_t)i * ldc;
+    if (!accumulate)
+      for (int j = 0; j < N; ++j) c[j] = 0;
+    if (!tb) {  // c += sum_k A(i,k) B[k, :]: a row of B at a time, vectorised over j
+      for (int k = 0; k < K; ++k) {
+        const T a = ta ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k];
+        if (a == 0) continue;
+        const T* b = B + (size_t)k * ldb;
+#pragma omp simd
+        for (int j = 0; j < N; ++j) c[j] += a * b[j];
+      }
+    } else {  // c[j] += <A(i,:), B[j,:]>
+      for (int j = 0; j < N; ++j) {
+        const T* b = B + (size_t)j * ldb;
+        T s = 0;
+        if (!ta) {
+          const T* a = A + (size_t)i * lda;
+#pragma omp simd reduction(+ : s)
+          for (int k = 0; k < K; ++k) s += a[k] * b[k];
+        } else {
+          for (int k = 0; k < K; ++k) s += A[(size_t)k * lda + i] * b[k];
+        }
+        c[j] += s;
+      }
+    }
+  }
+}
+
+template <typename T>
+void linear_forward(T* out, const T* in, const T* w, const T* b, int M, int I, int O) {
+  gemm(false, false, M, O, I, in, I, w, O, out, O, false);  // out = in @ w
+  if (b) {
+#pragma omp parallel for if ((long)M * O > 100000)
+    for (int i = 0; i < M; ++i)
+      for (int o = 0; o < O; ++o) out[(size_t)i * O + o] += b[o];
+  }
+}
+
+template <typename T>
+void linear_backward(T* din, T* dw, T* db, const T* dout, const T* in, const T* w, int M, int I, int O) {
+  // forward was: out = in @ w + b; so now: din += dout @ w^T, dw += in^T @ dout, db += sum_rows dout
+  if (din) gemm(false, true, M, I, O, dout, O, w, O, din, I, true);
+  if (dw) gemm(true, false, I, O, M, in, I, dout, O, dw, O, true);
+  if (db) {
+#pragma omp parallel for if ((long)M * O > 100000)
+    for (int o = 0; o < O; ++o) {
+      T s = 0;
+      for (int i = 0; i < M; ++i) s += dout[(size_t)i * O + o];
+      db[o] += s;
+    }
+  }
+}
+
+// ---- §5.4 dropout ----------------------------------------------------------------------------------
+
+template <typename T> void dropout_forward(T* out, const T* in, DropoutKey key, size_t n) {
+  if (key.p == 0) {
+    if (out != in) std::memcpy(out, in, n * sizeof(T));
+    return;
+  }
+  const T scale = T(1.0 / (1.0 - key.p));
+#pragma omp parallel for if (n > 100000)
+  for (size_t i = 0; i < n; ++i) out[i] = dropout_keeps(key, i) ? in[i] * scale : T(0);
+}
+
+template <typename T> void dropout_backward(T* din, const T* dout, DropoutKey key, size_t n) {
+  // forward was: out = in * keep / (1 - p); so now: din += dout * keep / (1 - p)
+  const T scale = key.p == 0 ? T(1) : T(1.0 / (1.0 - key.p));
+#pragma omp parallel for if (n > 100000)
+  for (size_t i = 0; i < n; ++i)
+    if (key.p == 0 || dropout_keeps(key, i)) din[i] += dout[i] * scale;
+}
+
+// ---- §3.2 attention --------------------------------------------------------------------------------
+
+template <typename T>
+void attention_forward(T* ctx, T* p, const T* q, const T* k, const T* v, const uint8_t* key_valid,
+                       bool causal, DropoutKey drop, int B, int Lq, int Lk, int D, int H) {
+  const int Dk = D / H;
+  const T scale = T(1) / std::sqrt(T(Dk));
+  const T keep_scale = T(1.0 / (1.0 - drop.p));
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < H; ++h)
+      for (int i = 0; i < Lq; ++i) {
+        // [§3.2.3] a key is visible unless it is padding or (causal) in the future; masked scores are
+        // -inf before the softmax, i.e. exactly zero weight after it.
+        auto visible = [&](int j) { return key_valid[(size_t)b * Lk + j] && (!causal || j <= i); };
+        const size_t row = (((size_t)b * H + h) * Lq + i) * Lk;
+        T* pr = p + row;
+        const T* qi = q + ((size_t)b * Lq + i) * D + h * Dk;
+        // [Eq. 1] scores = q_i . k_j / sqrt(Dk)
+        T mx = -std::numeric_limits<T>::infinity();
+        for (int j = 0; j < Lk; ++j) {
+          if (!visible(j)) continue;
+          const T* kj = k + ((size_t)b * Lk + j) * D + h * Dk;
+          T s = 0;
+          for (int d = 0; d < Dk; ++d) s += qi[d] * kj[d];
+          pr[j] = s * scale;
+          mx = std::max(mx, pr[j]);
+        }
+        // softmax over the visible keys; a row with none stays all zero (defined output, zero gradient)
+        T sum = 0;
+        for (int j = 0; j < Lk; ++j) {
+          pr[j] = visible(j) ? std::exp(pr[j] - mx) : T(0);
+          sum += pr[j];
+        }
+        if (sum > 0)
+          for (int j = 0; j < Lk; ++j) pr[j] /= sum;
+        // ctx_i = sum_j dropout(p_ij) v_j
+        T* ci = ctx + ((size_t)b * Lq + i) * D + h * Dk;
+        for (int d = 0; d < Dk; ++d) ci[d] = 0;
+        for (int j = 0; j < Lk; ++j) {
+          T wgt = pr[j];
+          if (drop.p > 0) wgt = dropout_keeps(drop, row + j) ? wgt * keep_scale : T(0);
+          if (wgt == 0) continue;
+          const T* vj = v + ((size_t)b * Lk + j) * D + h * Dk;
+          for (int d = 0; d < Dk; ++d) ci[d] += wgt * vj[d];
+        }
+      }
+}
+
+template <typename T>
+void attention_backward(T* dq, T* dk, T* dv, const T* dctx, const T* p, const T* q, const T* k, const T* v,
+                        DropoutKey drop, int B, int Lq, int Lk, int D, int H) {
+  const int Dk = D / H;
+  const T scale = T(1) / std::sqrt(T(Dk));
+  const T keep_scale = T(1.0 / (1.0 - drop.p));
+  // Each (b, h) owns its columns of dq, dk, dv: no two threads write the same element.
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < H; ++h) {
+      std::vector<T> dpr(Lk), keep(Lk);
+      for (int i = 0; i < Lq; ++i) {
+        const size_t row = (((size_t)b * H + h) * Lq + i) * Lk;
+        const T* pr = p + row;
+        const T* dci = dctx + ((size_t)b * Lq + i) * D + h * Dk;
+        for (int j = 0; j < Lk; ++j) keep[j] = drop.p > 0 ? (dropout_keeps(drop, row + j) ? keep_scale : T(0)) : T(1);
+        // forward was: ctx_i = sum_j p'_ij v_j with p'_ij = p_ij keep_ij
+        // so now: dv_j += p'_ij dctx_i and dp_ij = keep_ij (dctx_i . v_j)
+        T rowdot = 0;
+        for (int j = 0; j < Lk; ++j) {
+          if (pr[j] == 0) { dpr[j] = 0; continue; }
+          const T* vj = v + ((size_t)b * Lk + j) * D + h * Dk;
+          T* dvj = dv + ((size_t)b * Lk + j) * D + h * Dk;
+          T s = 0;
+          for (int d = 0; d < Dk; ++d) {
+            s += dci[d] * vj[d];
+            dvj[d] += pr[j] * keep[j] * dci[d];
+          }
+          dpr[j] = s * keep[j];
+          rowdot += dpr[j] * pr[j];
+        }
+        // forward was: p_i = softmax(s_i); so now: ds_ij = p_ij (dp_ij - sum_l p_il dp_il)
+        // forward was: s_ij = scale q_i . k_j; so now: dq_i += scale ds_ij k_j, dk_j += scale ds_ij q_i
+        const T* qi = q + ((size_t)b * Lq + i) * D + h * Dk;
+        T* dqi = dq + ((size_t)b * Lq + i) * D + h * Dk;
+        for (int j = 0; j < Lk; ++j) {
+          if (pr[j] == 0) continue;
+          const T ds = pr[j] * (dpr[j] - rowdot) * scale;
+          const T* kj = k + ((size_t)b * Lk + j) * D + h * Dk;
+          T* dkj = dk + ((size_t)b * Lk + j) * D + h * Dk;
+          for (int d = 0; d < Dk; ++d) {
+            dqi[d] += ds * kj[d];
+            dkj[d] += ds * qi[d];
+          }
+        }
+      }
+    }
+}
+
+template <typename T>
+void multihead_attention_forward(T* out, const AttentionActs<T>& a, const T* xq, const T* xkv,
+                                 const AttentionWeights<T>& w, const uint8_t* key_valid, bool causal,
+                                 DropoutKey drop, int B, int Lq, int Lk, int D, int H) {
+  // [§3.2.2] Q = xq Wq, K = xkv Wk, V = xkv Wv (all heads at once: head i is a block of columns)
+  linear_forward(a.q, xq, w.wq, (const T*)nullptr, B * Lq, D, D);
+  linear_forward(a.k, xkv, w.wk, (const T*)nullptr, B * Lk, D, D);
+  linear_forward(a.v, xkv, w.wv, (const T*)nullptr, B * Lk, D, D);
+  attention_forward(a.ctx, a.p, a.q, a.k, a.v, key_valid, causal, drop, B, Lq, Lk, D, H);
+  linear_forward(out, a.ctx, w.wo, (const T*)nullptr, B * Lq, D, D);  // Concat(heads) W^O
+}
+
+template <typename T>
+void multihead_attention_backward(T* dxq, T* dxkv, const AttentionWeights<T>& dw, const T* dout,
+                                  const AttentionActs<T>& a, const AttentionActs<T>& s, const T* xq,
+                                  const T* xkv, const AttentionWeights<T>& w, DropoutKey drop, int B, int Lq,
+                                  int Lk, int D, int H) {
+  // s holds scratch for dq, dk, dv, dctx; the forward call list, in reverse
+  std::fill(s.ctx, s.ctx + (size_t)B * Lq * D, T(0));
+  std::fill(s.q, s.q + (size_t)B * Lq * D, T(0));
+  std::fill(s.k, s.k + (size_t)B * Lk * D, T(0));
+  std::fill(s.v, s.v + (size_t)B * Lk * D, T(0));
+  linear_backward(s.ctx, dw.wo, (T*)nullptr, dout, a.ctx, w.wo, B * Lq, D, D);
+  attention_backward(s.q, s.k, s.v, s.ctx, a.p, a.q, a.k, a.v, drop, B, Lq, Lk, D, H);
+  linear_backward(dxkv, dw.wv, (T*)nullptr, s.v, xkv, w.wv, B * Lk, D, D);
+  linear_backward(dxkv, dw.wk, (T*)nullptr, s.k, xkv, w.wk, B * Lk, D, D);
+  linear_backward(dxq, dw.wq, (T*)nullptr, s.q, xq, w.wq, B * Lq, D, D);
+}
+
+// ---- §3.3 position-wise feed-forward network -------------------------------------------------------
+
+template <typename T>
+void ffn_forward(T* out, const FfnActs<T>& a, const T* in, const FfnWeights<T>& w, DropoutKey relu_drop,
+                 int M, int D, int F) {
+  // [Eq. 2] FFN(x) = max(0, x W1 + b1) W2 + b2
+  linear_forward(a.hpre, in, w.w1, w.b1, M, D, F);
+  const size_t n = (size_t)M * F;
+#pragma omp parallel for if (n > 100000)
+  for (size_t i = 0; i < n; ++i) a.h[i] = a.hpre[i] > 0 ? a.hpre[i] : T(0);
+  dropout_forward(a.h, a.h, relu_drop, n);
+  linear_forward(out, a.h, w.w2, w.b2, M, F, D);
+}
+
+template <typename T>
+void ffn_backward(T* din, const FfnWeights<T>& dw, T* dh, const T* dout, const FfnActs<T>& a, const T* in,
+                  const FfnWeights<T>& w, DropoutKey relu_drop, int M, int D, int F) {
+  const size_t n = (size_t)M * F;
+  std::fill(dh, dh + n, T(0));
+  linear_backward(dh, dw.w2, dw.b2, dout, a.h, w.w2, M, F, D);
+  // forward was: h = dropout(max(0, hpre)); so now: dhpre = dropout'(dh) where hpre > 0. The ReLU gate
+  // and the dropout scale are both per element, so one pass applies them in place.
+  const T scale = relu_drop.p > 0 ? T(1.0 / (1.0 - relu_drop.p)) : T(1);
+#pragma omp parallel for if (n > 100000)
+  for (size_t i = 0; i < n; ++i) {
+    bool pass = a.hpre[i] > 0 && (relu_drop.p == 0 || dropout_keeps(relu_drop, i));
+    dh[i] = pass ? dh[i] * scale : T(0);
+  }
+  linear_backward(din, dw.w1, dw.b1, dh, in, w.w1, M, D, F);
+}
+
+// ---- §3.1 LayerNorm and the residual connection ----------------------------------------------------
+
+template <typename T>
+void layernorm_forward(T* out, T* mean, T* rstd, const T* in, const T* g, const T* b, int M, int D,
+                       double eps) {
+#pragma omp parallel for if ((long)M * D > 100000)
+  for (int i = 0; i < M; ++i) {
+    const T* x = in + (size_t)i * D;
+    T mu = 0, var = 0;
+    for (int d = 0; d < D; ++d) mu += x[d];
+    mu /= D;
+    for (int d = 0; d < D; ++d) var += (x[d] - mu) * (x[d] - mu);
+    var /= D;  // biased variance, as LayerNorm defines it
+    const T rs = T(1) / std::sqrt(var + T(eps));
+    T* y = out + (size_t)i * D;
+    for (int d = 0; d < D; ++d) y[d] = (x[d] - mu) * rs * g[d] + b[d];
+    mean[i] = mu;
+    rstd[i] = rs;
+  }
+}
+
+template <typename T>
+void layernorm_backward(T* din, T* dg, T* db, const T* dout, const T* in, const T* g, const T* mean,
+                        const T* rstd, int M, int D) {
+  // forward was: xhat = (x - mean) * rstd, y = xhat * g + b
+  // so now: dg += sum_rows dy xhat, db += sum_rows dy, and with dxhat = dy g:
+  //         dx += rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat))   (derivation in NOTES.md)
+#pragma omp parallel for if ((long)M * D > 100000)
+  for (int i = 0; i < M; ++i) {
+    const T* x = in + (size_t)i * D;
+    const T* dy = dout + (size_t)i * D;
+    T mean_dxhat = 0, mean_dxhat_xhat = 0;
+    for (int d = 0; d < D; ++d) {
+      T xhat = (x[d] - mean[i]) * rstd[i];
+      mean_dxhat += dy[d] * g[d];
+      mean_dxhat_xhat += dy[d] * g[d] * xhat;
+    }
+    mean_dxhat /= D;
+    mean_dxhat_xhat /= D;
+    T* dx = din + (size_t)i * D;
+    for (int d = 0; d < D; ++d) {
+      T xhat = (x[d] - mean[i]) * rstd[i];
+      dx[d] += rstd[i] * (dy[d] * g[d] - mean_dxhat - xhat * mean_dxhat_xhat);
+    }
+  }
+#pragma omp parallel for if ((long)M * D > 100000)
+  for (int d = 0; d < D; ++d) {
+    T sg = 0, sb = 0;
+    for (int i = 0; i < M; ++i) {
+      T dy = dout[(size_t)i * D + d];
+      sg += dy * (in[(size_t)i * D + d] - mean[i]) * rstd[i];
+      sb += dy;
+    }
+    dg[d] += sg;
+    db[d] += sb;
+  }
+}
+
+template <typename T> void residual_forward(T* out, const T* x, const T* y, size_t n) {
+#pragma omp parallel for if (n > 100000)
+  for (size_t i = 0; i < n; ++i) out[i] = x[i] + y[i];
+}
+
+template <typename T> void residual_backward(T* dx, T* dy, const T* dout, size_t n) {
+#pragma omp parallel for if (n > 100000)
+  for (size_t i = 0; i < n; ++i) {
+    dx[i] += dout[i];
+    dy[i] += dout[i];
+  }
+}
+
+// ---- §3.4 embeddings and the pre-softmax projection (one shared matrix) ----------------------------
+
+template <typename T>
+void embedding_forward(T* out, const int* ids, const T* emb, int B, int L, int D) {
+  const T sqrt_d = std::sqrt(T(D));
+#pragma omp parallel for collapse(2) if ((long)B * L * D > 100000)
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < L; ++t) {
+      const T* e = emb + (size_t)ids[(size_t)b * L + t] * D;
+      T* o = out + ((size_t)b * L + t) * D;
+      // [§3.4] the embedding weights are multiplied by sqrt(d_model); [§3.5] then PE is added
+      for (int d = 0; d < D; ++d) o[d] = e[d] * sqrt_d + T(positional_encoding(t, d, D));
+    }
+}
+
+template <typename T>
+void embedding_backward(T* demb, const T* dout, const int* ids, int B, int L, int D) {
+  // forward was: out[b,t] = emb[id] sqrt(D) + PE; so now: demb[id] += dout[b,t] sqrt(D). Serial: two
+  // positions with the same token add into the same row.
+  const T sqrt_d = std::sqrt(T(D));
+  for (size_t r = 0; r < (size_t)B * L; ++r) {
+    T* de = demb + (size_t)ids[r] * D;
+    const T* g = dout + r * D;
+    for (int d = 0; d < D; ++d) de[d] += g[d] * sqrt_d;
+  }
+}
+
+template <typename T>
+void output_projection_forward(T* logits, const T* y, const T* emb, int M, int D, int V) {
+  gemm(false, true, M, V, D, y, D, emb, D, logits, V, false);  // logits = y @ emb^T
+}
+
+template <typename T>
+void output_projection_backward(T* dy, T* demb, const T* dlogits, const T* y, const T* emb, int M, int D,
+                                int V) {
+  // forward was: logits = y @ emb^T; so now: dy += dlogits @ emb, demb += dlogits^T @ y
+  gemm(false, false, M, D, V, dlogits, V, emb, D, dy, D, true);
+  gemm(true, false, V, D, M, dlogits, V, y, D, demb, D, true);
+}
+
+// ---- §5.4 label-smoothed cross-entropy -------------------------------------------------------------
+
+// The smoothed target distribution: q_target on the target class, q_other on every other class.
+static void smoothing_weights(double eps, LabelSmoothing form, int V, double* q_target, double* q_other) {
+  if (form == LabelSmoothing::uniform_all) {
+    *q_other = eps / V;
+    *q_target = 1 - eps + eps / V;
+  } else {
+    *q_other = eps / (V - 1);
+    *q_target = 1 - eps;
+  }
+}
+
+template <typename T>
+double label_smoothed_xent_forward(T* lse, const T* logits, const int* targets, int M, int V, double eps,
+                                   LabelSmoothing form, int pad) {
+  double qt, qo;
+  smoothing_weights(eps, form, V, &qt, &qo);
+  double total = 0;
+  long n = 0;
+#pragma omp parallel for reduction(+ : total, n) if ((long)M * V > 100000)
+  for (int i = 0; i < M; ++i) {
+    const T* z = logits + (size_t)i * V;
+    T mx = z[0];
+    for (int v = 1; v < V; ++v) mx = std::max(mx, z[v]);
+    T s = 0, zsum = 0;
+    for (int v = 0; v < V; ++v) {
+      s += std::exp(z[v] - mx);
+      zsum += z[v];
+    }
+    lse[i] = mx + std::log(s);
+    if (targets[i] == pad) continue;
+    // -sum_v q_v log softmax(z)_v = lse - sum_v q_v z_v   (sum_v q_v = 1)
+    total += (double)lse[i] - (qo * (double)zsum + (qt - qo) * (double)z[targets[i]]);
+    n += 1;
+  }
+  return n ? total / n : 0.0;
+}
+
+template <typename T>
+void label_smoothed_xent_backward(T* dlogits, const T* logits, const T* lse, const int* targets, int M, int V,
+                                  double eps, LabelSmoothing form, int pad) {
+  double qt, qo;
+  smoothing_weights(eps, form, V, &qt, &qo);
+  long n = 0;
+  for (int i = 0; i < M; ++i) n += targets[i] != pad;
+  if (n == 0) return;
+  const T inv_n = T(1.0 / n);
+  // forward was: loss = mean_i (lse_i - sum_v q_v z_iv); so now: dz_iv += (softmax(z_i)_v - q_v) / n
+#pragma omp parallel for if ((long)M * V > 100000)
+  for (int i = 0; i < M; ++i) {
+    if (targets[i] == pad) continue;
+    const T* z = logits + (size_t)i * V;
+    T* dz = dlogits + (size_t)i * V;
+    for (int v = 0; v < V; ++v) dz[v] += (std::exp(z[v] - lse[i]) - T(qo)) * inv_n;
+    dz[targets[i]] -= T(qt - qo) * inv_n;
+  }
+}
+
+// ---- §5.3 optimizer --------------------------------------------------------------------------------
+
+template <typename T>
+void adam_update(T* params, const T* grads, T* m, T* v, size_t n, double lr, double beta1, double beta2,
+                 double eps, long t) {
+  const double c1 = 1 - std::pow(beta1, (double)t), c2 = 1 - std::pow(beta2, (double)t);
+#pragma omp parallel for if (n > 100000)
+  for (size_t i = 0; i < n; ++i) {
+    m[i] = T(beta1 * m[i] + (1 - beta1) * grads[i]);
+    v[i] = T(beta2 * v[i] + (1 - beta2) * (double)grads[i] * grads[i]);
+    const double mhat = m[i] / c1, vhat = v[i] / c2;
+    params[i] -= T(lr * mhat / (std::sqrt(vhat) + eps));
+  }
+}
+
+template <typename T> double grad_norm(const T* grads, size_t n) {
+  double s = 0;
+#pragma omp parallel for reduction(+ : s) if (n > 100000)
+  for (size_t i = 0; i < n; ++i) s += (double)grads[i] * grads[i];
+  return std::sqrt(s);
+}
+
+template <typename T> void scale_grads(T* grads, size_t n, double factor) {
+#pragma omp parallel for if (n > 100000)
+  for (size_t i = 0; i < n; ++i) grads[i] = T(grads[i] * factor);
+}
+
+}  // namespace cpu
+
+// ---- the model ---------------------------------------------------------------------------------------
+
+template <typename T>
+Transformer<T>::Transformer(const Config& c, uint64_t seed_) : cfg(c), seed(seed_) {
+  cfg.validate();
+  size_t n = parameter_layout<T>(cfg, nullptr, nullptr, &table);
+  params.assign(n, T(0));
+  grads.assign(n, T(0));
+  adam_m.assign(n, T(0));
+  adam_v.assign(n, T(0));
+  parameter_layout<T>(cfg, params.data(), &W, nullptr);
+  parameter_layout<T>(cfg, grads.data(), &G, nullptr);
+  transformer_init(*this, seed);
+}
+
+// A stream of uniform numbers in [0, 1) from one seed.
+struct Rng {
+  uint64_t state;
+  double uniform() { return (double)(mix64(state++) >> 11) * (1.0 / 9007199254740992.0); }
+  double normal() {  // Box-Muller
+    double u1 = uniform(), u2 = uniform();
+    return std::sqrt(-2.0 * std::log(1.0 - u1)) * std::cos(2.0 * 3.14159265358979323846 * u2);
+  }
+};
+
+template <typename T> void transformer_init(Transformer<T>& m, uint64_t seed) {
+  Rng rng{mix64(seed ^ 0x5EEDull)};
+  for (const TensorInfo& t : m.table) {
+    T* p = m.params.data() + t.offset;
+    for (size_t i = 0; i < t.size; ++i) {
+      switch (t.init) {
+        case Init::xavier_uniform: {  // Glorot & Bengio: U(-a, a), a = sqrt(6 / (fan_in + fan_out)), as fairseq
+          double a = std::sqrt(6.0 / (t.shape[0] + t.shape[1]));
+          p[i] = T((2 * rng.uniform() - 1) * a);
+          break;
+        }
+        case Init::embedding_normal:  // N(0, D^-0.5), as tensor2tensor
+          p[i] = T(rng.normal() * std::pow((double)m.cfg.D, -0.5));
+          break;
+        case Init::ones: p[i] = T(1); break;
+        case Init::zeros: p[i] = T(0); break;
+      }
+    }
+  }
+  std::fill(m.adam_m.begin(), m.adam_m.end(), T(0));
+  std::fill(m.adam_v.begin(), m.adam_v.end(), T(0));
+  m.step = 0;
+}
+
+// Carves the activation arena for one batch shape: called once to count, once to point.
+template <typename T> static size_t carve_activations(Activations<T>& a, const Config& c, int B, int S, int Tl, T* base) {
+  size_t used = 0;
+  auto take = [&](size_t n) -> T* {
+    T* p = base ? base + used : nullptr;
+    used += n;
+    return p;
+  };
+  const size_t D = c.D, H = c.H, Ms = (size_t)B * S, Mt = (size_t)B * Tl, Mmax = std::max(Ms, Mt);
+  auto sublayer = [&](size_t M) {
+    SublayerActs<T> s{};
+    s.norm = c.pre_ln ? take(M * D) : nullptr;
+    s.y = take(M * D);
+    s.sum = c.pre_ln ? nullptr : take(M * D);
+    s.out = take(M * D);
+    s.mean = take(M);
+    s.rstd = take(M);
+    return s;
+  };
+  auto attention = [&](size_t Lq, size_t Lk) {
+    return AttentionActs<T>{take(B * Lq * D), take(B * Lk * D), take(B * Lk * D), take(B * H * Lq * Lk), take(B * Lq * D)};
+  };
+  auto ffn = [&](size_t M) { return FfnActs<T>{take(M * c.F), take(M * c.F)}; };
+  auto stack = [&](size_t M) {
+    StackActs<T> s{};
+    s.x0 = take(M * D);
+    if (c.pre_ln) s.final_ln = sublayer(M);
+    return s;
+  };
+  a.enc = stack(Ms);
+  a.enc_layers.assign(c.N, {});
+  for (auto& l : a.enc_layers) {
+    l.self_sub = sublayer(Ms);
+    l.self = attention(S, S);
+    l.ffn_sub = sublayer(Ms);
+    l.ffn = ffn(Ms);
+  }
+  a.dec = stack(Mt);
+  a.dec_layers.assign(c.N, {});
+  for (auto& l : a.dec_layers) {
+    l.self_sub = sublayer(Mt);
+    l.self = attention(Tl, Tl);
+    l.cross_sub = sublayer(Mt);
+    l.cross = attention(Tl, S);
+    l.ffn_sub = sublayer(Mt);
+    l.ffn = ffn(Mt);
+  }
+  a.enc.out = c.pre_ln ? a.enc.final_ln.out : a.enc_layers.back().ffn_sub.out;
+  a.dec.out = c.pre_ln ? a.dec.final_ln.out : a.dec_layers.back().ffn_sub.out;
+  a.logits = take(Mt * c.V);
+  a.lse = take(Mt);
+  a.d_stream[0] = take(Mmax * D);
+  a.d_stream[1] = take(Mmax * D);
+  a.d_enc_out = take(Ms * D);
+  a.d_sum = take(Mmax * D);
+  a.d_y = take(Mmax * D);
+  a.d_sub = take(Mmax * D);
+  a.d_norm = take(Mmax * D);
+  a.d_attn = AttentionActs<T>{take(Mmax * D), take(Mmax * D), take(Mmax * D), nullptr, take(Mmax * D)};
+  a.dh = take(Mmax * c.F);
+  a.dlogits = take(Mt * c.V);
+  return used;
+}
+
+// Checks a batch against the model and carves the arena for its shape.
+template <typename T> static void prepare_batch(Transformer<T>& m, const Batch& batch) {
+  const Config& c = m.cfg;
+  auto need = [](bool ok, const std::string& what) {
+    if (!ok) throw std::invalid_argument("invalid batch: " + what);
+  };
+  need(batch.B >= 1 && batch.S >= 1 && batch.T >= 1, "empty batch");
+  need(batch.S <= c.max_len && batch.T <= c.max_len,
+       "length " + std::to_string(std::max(batch.S, batch.T)) + " exceeds max_len " + std::to_string(c.max_len));
+  need(batch.src.size() == (size_t)batch.B * batch.S, "src is not B x S");
+  need(batch.tgt_in.size() == (size_t)batch.B * batch.T && batch.tgt_out.size() == batch.tgt_in.size(),
+       "tgt_in/tgt_out are not B x T");
+  for (const auto* ids : {&batch.src, &batch.tgt_in, &batch.tgt_out})
+    for (int id : *ids) need(id >= 0 && id < c.V, "token id " + std::to_string(id) + " outside the vocabulary");
+  Activations<T>& a = m.acts;
+  if (a.batch != batch.B || a.src_len != batch.S || a.tgt_len != batch.T) {
+    size_t n = carve_activations<T>(a, c, batch.B, batch.S, batch.T, nullptr);
+    if (a.arena.size() < n) a.arena.assign(n, T(0));
+    carve_activations<T>(a, c, batch.B, batch.S, batch.T, a.arena.data());
+    a.batch = batch.B, a.src_len = batch.S, a.tgt_len = batch.T;
+  }
+  a.src_valid.resize(batch.src.size());
+  a.tgt_valid.resize(batch.tgt_in.size());
+  for (size_t i = 0; i < batch.src.size(); ++i) a.src_valid[i] = batch.src[i] != kPadId;
+  for (size_t i = 0; i < batch.tgt_in.size(); ++i) a.tgt_valid[i] = batch.tgt_in[i] != kPadId;
+}
+
+// [§3.1, §5.4] The residual connection around each sub-layer, with dropout on the sub-layer's output:
+//   post-LN (the paper): out = LayerNorm(x + Dropout(Sublayer(x)))
+//   pre-LN (option):     out = x + Dropout(Sublayer(LayerNorm(x)))
+// `sublayer(in, y)` writes the sub-layer's output y for input in.
+template <typename T, typename Sublayer>
+static void sublayer_connection_forward(const SublayerActs<T>& a, const T* x, const NormWeights<T>& ln,
+                                        const Config& c, DropoutKey drop, int M, Sublayer sublayer) {
+  const size_t n = (size_t)M * c.D;
+  if (c.pre_ln) {
+    cpu::layernorm_forward(a.norm, a.mean, a.rstd, x, ln.g, ln.b, M, c.D, c.ln_eps);
+    sublayer(a.norm, a.y);
+    cpu::dropout_forward(a.y, a.y, drop, n);
+    cpu::residual_forward(a.out, x, a.y, n);
+  } else {
+    sublayer(x, a.y);
+    cpu::dropout_forward(a.y, a.y, drop, n);
+    cpu::residual_forward(a.sum, x, a.y, n);
+    cpu::layernorm_forward(a.out, a.mean, a.rstd, a.sum, ln.g, ln.b, M, c.D, c.ln_eps);
+  }
+}
+
+// The same, backward: dx += d out / d x . dout. `sublayer_backward(in, dy, din)` adds the sub-layer's
+// input gradient into din.
+template <typename T, typename SublayerBackward>
+static void sublayer_connection_backward(T* dx, const NormWeights<T>& dln, const T* dout, const SublayerActs<T>& a,
+                                         const T* x, const NormWeights<T>& ln, const Activations<T>& s,
+                                         const Config& c, DropoutKey drop, int M, SublayerBackward sublayer_backward) {
+  const size_t n = (size_t)M * c.D;
+  std::fill(s.d_y, s.d_y + n, T(0));
+  std::fill(s.d_sub, s.d_sub + n, T(0));
+  if (c.pre_ln) {
+    cpu::residual_backward(dx, s.d_y, dout, n);
+    cpu::dropout_backward(s.d_sub, s.d_y, drop, n);
+    std::fill(s.d_norm, s.d_norm + n, T(0));
+    sublayer_backward(a.norm, s.d_sub, s.d_norm);
+    cpu::layernorm_backward(dx, dln.g, dln.b, s.d_norm, x, ln.g, a.mean, a.rstd, M, c.D);
+  } else {
+    std::fill(s.d_sum, s.d_sum + n, T(0));
+    cpu::layernorm_backward(s.d_sum, dln.g, dln.b, dout, a.sum, ln.g, a.mean, a.rstd, M, c.D);
+    cpu::residual_backward(dx, s.d_y, s.d_sum, n);
+    cpu::dropout_backward(s.d_sub, s.d_y, drop, n);
+    sublayer_backward(x, s.d_sub, dx);
+  }
+}
+
+template <typename T> static DropoutKey drop_at(const Transformer<T>& m, bool train, int stack, int layer, DropoutPlace place) {
+  const Config& c = m.cfg;
+  double p = place == kSelfWeights || place == kCrossWeights ? c.p_attn : place == kFfnRelu ? c.p_relu : c.p_drop;
+  return dropout_key(m.seed, m.step, dropout_site(stack, layer, place), train ? p : 0.0);
+}
+
+// [§3.1] Encoder: N layers of (self-attention, FFN) over the embedded source.
+template <typename T> static void encoder_forward(Transformer<T>& m, const Batch& batch, bool train) {
+  const Config& c = m.cfg;
+  Activations<T>& a = m.acts;
+  const int B = batch.B, S = batch.S, M = B * S;
+  cpu::embedding_forward(a.enc.x0, batch.src.data(), m.W.emb, B, S, c.D);
+  cpu::dropout_forward(a.enc.x0, a.enc.x0, drop_at(m, train, 0, 0, kEmbedding), (size_t)M * c.D);
+  const T* x = a.enc.x0;
+  for (int l = 0; l < c.N; ++l) {
+    const EncoderLayerWeights<T>& w = m.W.enc[l];
+    const EncoderLayerActs<T>& L = a.enc_layers[l];
+    const DropoutKey attn_drop = drop_at(m, train, 0, l, kSelfWeights);
+    sublayer_connection_forward(L.self_sub, x, w.ln1, c, drop_at(m, train, 0, l, kSelfOut), M,
+                                [&](const T* in, T* y) {
+                                  cpu::multihead_attention_forward(y, L.self, in, in, w.self, a.src_valid.data(),
+                                                                   false, attn_drop, B, S, S, c.D, c.H);
+                                });
+    const DropoutKey relu_drop = drop_at(m, train, 0, l, kFfnRelu);
+    sublayer_connection_forward(L.ffn_sub, L.self_sub.out, w.ln2, c, drop_at(m, train, 0, l, kFfnOut), M,
+                                [&](const T* in, T* y) { cpu::ffn_forward(y, L.ffn, in, w.ffn, relu_drop, M, c.D, c.F); });
+    x = L.ffn_sub.out;
+  }
+  if (c.pre_ln)
+    cpu::layernorm_forward(a.enc.final_ln.out, a.enc.final_ln.mean, a.enc.final_ln.rstd, x, m.W.enc_final.g,
+                           m.W.enc_final.b, M, c.D, c.ln_eps);
+}
+
+// [§3.1] Decoder: N layers of (masked self-attention, encoder-decoder attention, FFN).
+template <typename T> static void decoder_forward(Transformer<T>& m, const Batch& batch, bool train) {
+  const Config& c = m.cfg;
+  Activations<T>& a = m.acts;
+  const int B = batch.B, S = batch.S, Tl = batch.T, M = B * Tl;
+  cpu::embedding_forward(a.dec.x0, batch.tgt_in.data(), m.W.emb, B, Tl, c.D);
+  cpu::dropout_forward(a.dec.x0, a.dec.x0, drop_at(m, train, 1, 0, kEmbedding), (size_t)M * c.D);
+  const T* x = a.dec.x0;
+  for (int l = 0; l < c.N; ++l) {
+    const DecoderLayerWeights<T>& w = m.W.dec[l];
+    const DecoderLayerActs<T>& L = a.dec_layers[l];
+    const DropoutKey self_drop = drop_at(m, train, 1, l, kSelfWeights);
+    sublayer_connection_forward(L.self_sub, x, w.ln1, c, drop_at(m, train, 1, l, kSelfOut), M,
+                                [&](const T* in, T* y) {
+                                  cpu::multihead_attention_forward(y, L.self, in, in, w.self, a.tgt_valid.data(),
+                                                                   true, self_drop, B, Tl, Tl, c.D, c.H);
+                                });
+    const DropoutKey cross_drop = drop_at(m, train, 1, l, kCrossWeights);
+    sublayer_connection_forward(L.cross_sub, L.self_sub.out, w.ln2, c, drop_at(m, train, 1, l, kCrossOut), M,
+                                [&](const T* in, T* y) {
+                                  cpu::multihead_attention_forward(y, L.cross, in, a.enc.out, w.cross,
+                                                                   a.src_valid.data(), false, cross_drop, B, Tl, S,
+                                                                   c.D, c.H);
+                                });
+    const DropoutKey relu_drop = drop_at(m, train, 1, l, kFfnRelu);
+    sublayer_connection_forward(L.ffn_sub, L.cross_sub.out, w.ln3, c, drop_at(m, train, 1, l, kFfnOut), M,
+                                [&](const T* in, T* y) { cpu::ffn_forward(y, L.ffn, in, w.ffn, relu_drop, M, c.D, c.F); });
+    x = L.ffn_sub.out;
+  }
+  if (c.pre_ln)
+    cpu::layernorm_forward(a.dec.final_ln.out, a.dec.final_ln.mean, a.dec.final_ln.rstd, x, m.W.dec_final.g,
+                           m.W.dec_final.b, M, c.D, c.ln_eps);
+}
+
+template <typename T> double transformer_forward(Transformer<T>& m, const Batch& batch, bool train) {
+  prepare_batch(m, batch);
+  encoder_forward(m, batch, train);
+  decoder_forward(m, batch, train);
+  const Config& c = m.cfg;
+  Activations<T>& a = m.acts;
+  const int M = batch.B * batch.T;
+  cpu::output_projection_forward(a.logits, a.dec.out, m.W.emb, M, c.D, c.V);
+  return cpu::label_smoothed_xent_forward(a.lse, a.logits, batch.tgt_out.data(), M, c.V, c.eps_ls, c.ls_form, kPadId);
+}
+
+// Backward through a stack's optional final LayerNorm and its layers: on entry d_stream[*cur] holds the
+// gradient of the stack's output; on return it holds the gradient of x0 (after embedding dropout).
+template <typename T, typename LayerBackward>
+static void stack_backward(Transformer<T>& m, const StackActs<T>& st, const NormWeights<T>& w_final,
+                           const NormWeights<T>& g_final, const T* last_layer_out, int M, int* cur,
+                           LayerBackward layer_backward) {
+  const Config& c = m.cfg;
+  Activations<T>& a = m.acts;
+  const size_t n = (size_t)M * c.D;
+  if (c.pre_ln) {
+    T* dnext = a.d_stream[1 - *cur];
+    std::fill(dnext, dnext + n, T(0));
+    cpu::layernorm_backward(dnext, g_final.g, g_final.b, a.d_stream[*cur], last_layer_out, w_final.g,
+                            st.final_ln.mean, st.final_ln.rstd, M, c.D);
+    *cur = 1 - *cur;
+  }
+  for (int l = c.N - 1; l >= 0; --l) layer_backward(l);
+}
+
+template <typename T> void transformer_backward(Transformer<T>& m, const Batch& batch, bool train) {
+  const Config& c = m.cfg;
+  Activations<T>& a = m.acts;
+  const int B = batch.B, S = batch.S, Tl = batch.T, Ms = B * S, Mt = B * Tl;
+  const size_t nt = (size_t)Mt * c.D, ns = (size_t)Ms * c.D;
+
+  // loss and output projection
+  std::fill(a.dlogits, a.dlogits + (size_t)Mt * c.V, T(0));
+  cpu::label_smoothed_xent_backward(a.dlogits, a.logits, a.lse, batch.tgt_out.data(), Mt, c.V, c.eps_ls, c.ls_form, kPadId);
+  int cur = 0;
+  std::fill(a.d_stream[0], a.d_stream[0] + nt, T(0));
+  cpu::output_projection_backward(a.d_stream[0], m.G.emb, a.dlogits, a.dec.out, m.W.emb, Mt, c.D, c.V);
+
+  // decoder, layers in reverse; each sub-layer connection maps d_stream[cur] to d_stream[1 - cur]
+  std::fill(a.d_enc_out, a.d_enc_out + ns, T(0));
+  auto step_back = [&](size_t n, auto&& connection) {
+    T* dx = a.d_stream[1 - cur];
+    std::fill(dx, dx + n, T(0));
+    connection(dx, a.d_stream[cur]);
+    cur = 1 - cur;
+  };
+  stack_backward(m, a.dec, m.W.dec_final, m.G.dec_final, a.dec_layers.back().ffn_sub.out, Mt, &cur, [&](int l) {
+    const DecoderLayerWeights<T>& w = m.W.dec[l];
+    const DecoderLayerWeights<T>& g = m.G.dec[l];
+    const DecoderLayerActs<T>& L = a.dec_layers[l];
+    const T* x = l == 0 ? a.dec.x0 : a.dec_layers[l - 1].ffn_sub.out;
+    const DropoutKey relu_drop = drop_at(m, train, 1, l, kFfnRelu);
+    step_back(nt, [&](T* dx, const T* dout) {
+      sublayer_connection_backward(dx, g.ln3, dout, L.ffn_sub, L.cross_sub.out, w.ln3, a, c, drop_at(m, train, 1, l, kFfnOut), Mt,
+                                   [&](const T* in, const T* dy, T* din) {
+                                     cpu::ffn_backward(din, g.ffn, a.dh, dy, L.ffn, in, w.ffn, relu_drop, Mt, c.D, c.F);
+                                   });
+    });
+    const DropoutKey cross_drop = drop_at(m, train, 1, l, kCrossWeights);
+    step_back(nt, [&](T* dx, const T* dout) {
+      sublayer_connection_backward(dx, g.ln2, dout, L.cross_sub, L.self_sub.out, w.ln2, a, c, drop_at(m, train, 1, l, kCrossOut), Mt,
+                                   [&](const T* in, const T* dy, T* din) {
+                                     cpu::multihead_attention_backward(din, a.d_enc_out, g.cross, dy, L.cross, a.d_attn, in,
+                                                                       a.enc.out, w.cross, cross_drop, B, Tl, S, c.D, c.H);
+                                   });
+    });
+    const DropoutKey self_drop = drop_at(m, train, 1, l, kSelfWeights);
+    step_back(nt, [&](T* dx, const T* dout) {
+      sublayer_connection_backward(dx, g.ln1, dout, L.self_sub, x, w.ln1, a, c, drop_at(m, train, 1, l, kSelfOut), Mt,
+                                   [&](const T* in, const T* dy, T* din) {
+                                     cpu::multihead_attention_backward(din, din, g.self, dy, L.self, a.d_attn, in, in, w.self,
+                                                                       self_drop, B, Tl, Tl, c.D, c.H);
+                                   });
+    });
+  });
+  // target embedding: forward was x0 = dropout(emb[tgt_in] sqrt(D) + PE)
+  std::fill(a.d_sub, a.d_sub + nt, T(0));
+  cpu::dropout_backward(a.d_sub, a.d_stream[cur], drop_at(m, train, 1, 0, kEmbedding), nt);
+  cpu::embedding_backward(m.G.emb, a.d_sub, batch.tgt_in.data(), B, Tl, c.D);
+
+  // encoder: its output's gradient is the sum over the decoder's cross-attentions
+  cur = 0;
+  std::copy(a.d_enc_out, a.d_enc_out + ns, a.d_stream[0]);
+  stack_backward(m, a.enc, m.W.enc_final, m.G.enc_final, a.enc_layers.back().ffn_sub.out, Ms, &cur, [&](int l) {
+    const EncoderLayerWeights<T>& w = m.W.enc[l];
+    const EncoderLayerWeights<T>& g = m.G.enc[l];
+    const EncoderLayerActs<T>& L = a.enc_layers[l];
+    const T* x = l == 0 ? a.enc.x0 : a.enc_layers[l - 1].ffn_sub.out;
+    const DropoutKey relu_drop = drop_at(m, train, 0, l, kFfnRelu);
+    step_back(ns, [&](T* dx, const T* dout) {
+      sublayer_connection_backward(dx, g.ln2, dout, L.ffn_sub, L.self_sub.out, w.ln2, a, c, drop_at(m, train, 0, l, kFfnOut), Ms,
+                                   [&](const T* in, const T* dy, T* din) {
+                                     cpu::ffn_backward(din, g.ffn, a.dh, dy, L.ffn, in, w.ffn, relu_drop, Ms, c.D, c.F);
+                                   });
+    });
+    const DropoutKey attn_drop = drop_at(m, train, 0, l, kSelfWeights);
+    step_back(ns, [&](T* dx, const T* dout) {
+      sublayer_connection_backward(dx, g.ln1, dout, L.self_sub, x, w.ln1, a, c, drop_at(m, train, 0, l, kSelfOut), Ms,
+                                   [&](const T* in, const T* dy, T* din) {
+                                     cpu::multihead_attention_backward(din, din, g.self, dy, L.self, a.d_attn, in, in, w.self,
+                                                                       attn_drop, B, S, S, c.D, c.H);
+                                   });
+    });
+  });
+  // source embedding
+  std::fill(a.d_sub, a.d_sub + ns, T(0));
+  cpu::dropout_backward(a.d_sub, a.d_stream[cur], drop_at(m, train, 0, 0, kEmbedding), ns);
+  cpu::embedding_backward(m.G.emb, a.d_sub, batch.src.data(), B, S, c.D);
+}
+
+template <typename T> void zero_grad(Transformer<T>& m) { std::fill(m.grads.begin(), m.grads.end(), T(0)); }
+
+template <typename T> double transformer_update(Transformer<T>& m) {
+  const Config& c = m.cfg;
+  m.step += 1;
+  if (c.clip_norm > 0) {  // [DEVIATION] optional global gradient-norm clipping; the paper has none
+    double norm = cpu::grad_norm(m.grads.data(), m.grads.size());
+    if (norm > c.clip_norm) cpu::scale_grads(m.grads.data(), m.grads.size(), c.clip_norm / norm);
+  }
+  const double lr = learning_rate(m.step, c.D, c.warmup, c.lr_scale);
+  cpu::adam_update(m.params.data(), m.grads.data(), m.adam_m.data(), m.adam_v.data(), m.params.size(), lr, c.beta1,
+                   c.beta2, c.adam_eps, m.step);
+  return lr;
+}
+
+// ---- instantiation -----------------------------------------------------------------------------------
+// The templates are defined here and used elsewhere for float (training) and double (gradient checks).
+// Explicitly instantiating each function would repeat every signature; taking the addresses in an
+// explicitly instantiated function instantiates them all here instead.
+template <typename T> std::vector<const void*> instantiate_for() {
+  return {
+      (const void*)&parameter_layout<T>, (const void*)&transformer_init<T>, (const void*)&transformer_forward<T>,
+      (const void*)&transformer_backward<T>, (const void*)&zero_grad<T>, (const void*)&transformer_update<T>,
+      (const void*)&cpu::gemm<T>, (const void*)&cpu::embedding_forward<T>, (const void*)&cpu::embedding_backward<T>,
+      (const void*)&cpu::dropout_forward<T>, (const void*)&cpu::dropout_backward<T>, (const void*)&cpu::linear_forward<T>,
+      (const void*)&cpu::linear_backward<T>, (const void*)&cpu::attention_forward<T>, (const void*)&cpu::attention_backward<T>,
+      (const void*)&cpu::multihead_attention_forward<T>, (const void*)&cpu::multihead_attention_backward<T>,
+      (const void*)&cpu::ffn_forward<T>, (const void*)&cpu::ffn_backward<T>, (const void*)&cpu::layernorm_forward<T>,
+      (const void*)&cpu::layernorm_backward<T>, (const void*)&cpu::residual_forward<T>, (const void*)&cpu::residual_backward<T>,
+      (const void*)&cpu::output_projection_forward<T>, (const void*)&cpu::output_projection_backward<T>,
+      (const void*)&cpu::label_smoothed_xent_forward<T>, (const void*)&cpu::label_smoothed_xent_backward<T>,
+      (const void*)&cpu::adam_update<T>, (const void*)&cpu::grad_norm<T>, (const void*)&cpu::scale_grads<T>,
+  };
+}
+template std::vector<const void*> instantiate_for<float>();
+template std::vector<const void*> instantiate_for<double>();
+template struct Transformer<float>;
+template struct Transformer<double>;

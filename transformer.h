@@ -1,0 +1,260 @@
+// The Transformer of "Attention Is All You Need" (Vaswani et al., 2017): the interface of transformer.cu.
+//
+// Dimension legend (the paper's symbols):
+//   B batch (sentences)   S source length   T target length   L either of them
+//   D d_model             F d_ff            H heads           Dk = D / H (= d_v)
+//   V shared vocabulary   N layers per stack                  M = B * L rows of a (B, L, D) tensor
+//
+// Conventions:
+//   - Tensors are row-major; a (B, L, D) tensor is B*L rows of D numbers.
+//   - Linear maps are x @ W with W stored (in, out). Attention heads h uses columns h*Dk .. (h+1)*Dk-1.
+//   - Forward/backward pairs share a name stem and argument order: outputs, saved activations, inputs,
+//     weights, sizes. Every backward ADDS into its input and parameter gradients; callers zero first.
+//   - The CPU functions (namespace cpu) are the definition; they are templated on the scalar type
+//     (float to train, double to check gradients).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+constexpr int kPadId = 0;  // <pad>; the tokenizer gives the special tokens fixed ids
+
+// Which target distribution label smoothing uses (§5.4; the paper does not say).
+enum class LabelSmoothing {
+  uniform_all,   // q = (1 - eps) onehot + eps / V on every class (PyTorch's label_smoothing)
+  others_only,   // q = 1 - eps on the target, eps / (V - 1) on every other class (tensor2tensor)
+};
+
+struct Config {
+  int N = 6, D = 512, F = 2048, H = 8;  // Table 3, base
+  int V = 8000;                          // shared BPE vocabulary (§3.4)
+  int max_len = 256;                     // longest sequence, <s> and </s> included
+  double p_drop = 0.1;   // [§5.4] residual dropout and dropout on embedding + PE sums
+  double p_attn = 0.0;   // dropout on attention weights: tensor2tensor has it, the paper is silent
+  double p_relu = 0.0;   // dropout after the FFN's ReLU: likewise
+  double eps_ls = 0.1;   // [§5.4] label smoothing
+  LabelSmoothing ls_form = LabelSmoothing::others_only;
+  double ln_eps = 1e-6;  // LayerNorm epsilon (tensor2tensor's; the paper is silent)
+  bool pre_ln = false;   // false: the paper's post-LN, LayerNorm(x + Sublayer(x)) [§3.1]
+  // [Eq. 3, §5.3] optimizer and schedule
+  int warmup = 4000;
+  double lr_scale = 1.0;
+  double beta1 = 0.9, beta2 = 0.98, adam_eps = 1e-9;
+  double clip_norm = 0.0;  // [DEVIATION] global gradient-norm clipping when > 0; off by default
+
+  int Dk() const { return D / H; }
+  void validate() const;  // throws std::invalid_argument naming the bad field
+};
+
+// Presets: "base" and "big" (Table 3), "small" (quick runs on Multi30k), "tiny" (toy task on a CPU).
+Config config_preset(const std::string& name);
+
+// ---- parameters: one buffer, one table of named tensors ----------------------------------------------
+enum class Init { xavier_uniform, embedding_normal, ones, zeros };
+struct TensorInfo {
+  std::string name;
+  std::vector<int> shape;
+  size_t offset, size;
+  Init init;
+};
+
+template <typename T> struct AttentionWeights { T *wq, *wk, *wv, *wo; };        // each (D, D)
+template <typename T> struct NormWeights { T *g, *b; };                          // each (D)
+template <typename T> struct FfnWeights { T *w1, *b1, *w2, *b2; };              // (D,F) (F) (F,D) (D)
+template <typename T> struct EncoderLayerWeights {
+  AttentionWeights<T> self; NormWeights<T> ln1; FfnWeights<T> ffn; NormWeights<T> ln2;
+};
+template <typename T> struct DecoderLayerWeights {
+  AttentionWeights<T> self; NormWeights<T> ln1; AttentionWeights<T> cross; NormWeights<T> ln2;
+  FfnWeights<T> ffn; NormWeights<T> ln3;
+};
+template <typename T> struct Weights {
+  T* emb;  // (V, D): source embedding, target embedding and pre-softmax projection [§3.4]
+  std::vector<EncoderLayerWeights<T>> enc;
+  std::vector<DecoderLayerWeights<T>> dec;
+  NormWeights<T> enc_final, dec_final;  // pre-LN only
+};
+
+// The one place that lays parameters out: fills `table` (when non-null) and, when base is non-null,
+// points `w` into base. Returns the total element count.
+template <typename T>
+size_t parameter_layout(const Config& cfg, T* base, Weights<T>* w, std::vector<TensorInfo>* table);
+
+// ---- a batch of sentence pairs -----------------------------------------------------------------------
+struct Batch {
+  int B = 0, S = 0, T = 0;
+  std::vector<int> src;      // (B, S) source ids, padded with cfg.pad
+  std::vector<int> tgt_in;   // (B, T) <s> y1 .. y_{m}, padded
+  std::vector<int> tgt_out;  // (B, T) y1 .. y_m </s>, padded: what each position must predict
+  long target_tokens() const;  // positions of tgt_out that are not padding
+};
+
+// ---- dropout: masks from a counter-based hash, reproducible anywhere ----------------------------------
+struct DropoutKey {
+  uint64_t stream = 0;  // hash of (seed, step, site); element i is kept when hash(stream, i) >= p
+  double p = 0;         // drop probability; 0 disables the site
+};
+DropoutKey dropout_key(uint64_t seed, long step, uint32_t site, double p);
+
+// ---- activations saved by forward ------------------------------------------------------------------
+template <typename T> struct AttentionActs { T *q, *k, *v, *p, *ctx; };  // (B,Lq,D) (B,Lk,D)x2 (B,H,Lq,Lk) (B,Lq,D)
+template <typename T> struct SublayerActs {
+  T* norm;    // pre-LN: LayerNorm(x), the sublayer's input (B, L, D)
+  T* y;       // sublayer output after dropout (B, L, D)
+  T* sum;     // post-LN: x + y, LayerNorm's input (B, L, D)
+  T* out;     // the connection's output (B, L, D)
+  T *mean, *rstd;  // LayerNorm statistics (B*L)
+};
+template <typename T> struct FfnActs { T *hpre, *h; };  // (M, F) before ReLU, after ReLU (+ dropout)
+template <typename T> struct EncoderLayerActs {
+  SublayerActs<T> self_sub; AttentionActs<T> self; SublayerActs<T> ffn_sub; FfnActs<T> ffn;
+};
+template <typename T> struct DecoderLayerActs {
+  SublayerActs<T> self_sub; AttentionActs<T> self; SublayerActs<T> cross_sub; AttentionActs<T> cross;
+  SublayerActs<T> ffn_sub; FfnActs<T> ffn;
+};
+template <typename T> struct StackActs {
+  T* x0;  // embeddings * sqrt(D) + PE, after dropout (B, L, D)
+  SublayerActs<T> final_ln;  // pre-LN only: out, mean, rstd
+  T* out;                    // the stack's output (B, L, D)
+};
+template <typename T> struct Activations {
+  std::vector<T> arena;  // one allocation for everything below
+  int batch = 0, src_len = 0, tgt_len = 0;  // the shape the arena is carved for
+  std::vector<uint8_t> src_valid, tgt_valid;  // (B,S) (B,T): 1 for real tokens, 0 for padding
+  StackActs<T> enc, dec;
+  std::vector<EncoderLayerActs<T>> enc_layers;
+  std::vector<DecoderLayerActs<T>> dec_layers;
+  T *logits, *lse;  // (B, T, V) and (B*T) log-sum-exp of each row
+  // backward scratch
+  T *d_stream[2];          // gradient of the residual stream, ping-ponged layer by layer (B, L, D)
+  T *d_enc_out;            // gradient of the encoder output, summed over the cross-attentions (B, S, D)
+  T *d_sum, *d_y, *d_sub, *d_norm;  // inside a sublayer connection (B, L, D)
+  AttentionActs<T> d_attn;  // dq, dk, dv, dctx (p unused)
+  T *dh, *dlogits;          // (B*L, F) and (B, T, V)
+};
+
+// ---- the model ---------------------------------------------------------------------------------------
+template <typename T> struct Transformer {
+  Config cfg;
+  std::vector<TensorInfo> table;
+  std::vector<T> params, grads, adam_m, adam_v;  // one allocation each, laid out by parameter_layout
+  Weights<T> W, G;                                // views into params and grads
+  long step = 0;                                  // optimizer steps taken
+  uint64_t seed = 0;                              // for dropout masks
+  Activations<T> acts;
+
+  Transformer(const Config& cfg, uint64_t seed);  // initialised as described in NOTES.md
+  Transformer(const Transformer&) = delete;       // W and G point into this object's buffers
+  Transformer& operator=(const Transformer&) = delete;
+};
+
+template <typename T> void transformer_init(Transformer<T>& m, uint64_t seed);
+// Loss of one batch (mean label-smoothed cross-entropy over real target tokens); `train` turns dropout
+// on, with masks keyed by (m.seed, m.step). Saves what transformer_backward needs.
+template <typename T> double transformer_forward(Transformer<T>& m, const Batch& batch, bool train);
+// Gradient of that loss, ADDED into m.grads.
+template <typename T> void transformer_backward(Transformer<T>& m, const Batch& batch, bool train);
+template <typename T> void zero_grad(Transformer<T>& m);
+// [Eq. 3, §5.3] one Adam step with the scheduled learning rate; returns the learning rate used.
+template <typename T> double transformer_update(Transformer<T>& m);
+
+// [Eq. 3, §5.3] lrate = scale * D^-0.5 * min(step^-0.5, step * warmup^-1.5)
+double learning_rate(long step, int D, int warmup, double scale);
+// [§3.5] PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(pos / 10000^(2i/D))
+double positional_encoding(int pos, int i, int D);
+
+// ---- the sub-layers on the CPU: the reference definitions ---------------------------------------------
+namespace cpu {
+
+// C (M,N) = op(A) op(B) [+ C]; op(A) is (M,K), A^T when ta; op(B) is (K,N), B^T when tb; row-major with
+// leading dimensions lda, ldb, ldc (cuBLAS's gemm, transposed to row-major).
+template <typename T>
+void gemm(bool ta, bool tb, int M, int N, int K, const T* A, int lda, const T* B, int ldb, T* C, int ldc,
+          bool accumulate);
+
+// [§3.4, §3.5] out = emb[ids] * sqrt(D) + PE
+template <typename T>
+void embedding_forward(T* out /*(B,L,D)*/, const int* ids /*(B,L)*/, const T* emb /*(V,D)*/, int B, int L,
+                       int D);
+template <typename T>
+void embedding_backward(T* demb /*(V,D)*/, const T* dout /*(B,L,D)*/, const int* ids /*(B,L)*/, int B,
+                        int L, int D);
+
+// [§5.4] out = in * keep / (1 - p), keep from the hash; out may alias in.
+template <typename T> void dropout_forward(T* out, const T* in, DropoutKey key, size_t n);
+template <typename T> void dropout_backward(T* din, const T* dout, DropoutKey key, size_t n);
+
+// out (M,O) = in (M,I) @ w (I,O) + b (O); b may be null
+template <typename T>
+void linear_forward(T* out, const T* in, const T* w, const T* b, int M, int I, int O);
+template <typename T>
+void linear_backward(T* din, T* dw, T* db, const T* dout, const T* in, const T* w, int M, int I, int O);
+
+// [Eq. 1, §3.2.1] ctx = softmax(Q K^T / sqrt(Dk)) V per head, keys masked by key_valid (and causally:
+// query i sees keys j <= i); p saves the softmax before attention dropout.
+template <typename T>
+void attention_forward(T* ctx /*(B,Lq,D)*/, T* p /*(B,H,Lq,Lk)*/, const T* q /*(B,Lq,D)*/,
+                       const T* k /*(B,Lk,D)*/, const T* v /*(B,Lk,D)*/, const uint8_t* key_valid /*(B,Lk)*/,
+                       bool causal, DropoutKey drop, int B, int Lq, int Lk, int D, int H);
+template <typename T>
+void attention_backward(T* dq, T* dk, T* dv, const T* dctx, const T* p,
+                        const T* q, const T* k, const T* v, DropoutKey drop, int B, int Lq, int Lk, int D,
+                        int H);
+
+// [§3.2.2] MultiHead(xq, xkv) = Concat(head_1..head_H) W^O, head_i = Attention(xq Wq_i, xkv Wk_i, xkv Wv_i)
+template <typename T>
+void multihead_attention_forward(T* out /*(B,Lq,D)*/, const AttentionActs<T>& a, const T* xq, const T* xkv,
+                                 const AttentionWeights<T>& w, const uint8_t* key_valid, bool causal,
+                                 DropoutKey drop, int B, int Lq, int Lk, int D, int H);
+template <typename T>
+void multihead_attention_backward(T* dxq, T* dxkv, const AttentionWeights<T>& dw, const T* dout,
+                                  const AttentionActs<T>& a, const AttentionActs<T>& scratch,
+                                  const T* xq, const T* xkv, const AttentionWeights<T>& w, DropoutKey drop,
+                                  int B, int Lq, int Lk, int D, int H);
+
+// [Eq. 2, §3.3] FFN(x) = max(0, x W1 + b1) W2 + b2
+template <typename T>
+void ffn_forward(T* out /*(M,D)*/, const FfnActs<T>& a, const T* in /*(M,D)*/, const FfnWeights<T>& w,
+                 DropoutKey relu_drop, int M, int D, int F);
+template <typename T>
+void ffn_backward(T* din, const FfnWeights<T>& dw, T* dh_scratch /*(M,F)*/, const T* dout,
+                  const FfnActs<T>& a, const T* in, const FfnWeights<T>& w, DropoutKey relu_drop, int M,
+                  int D, int F);
+
+// [§3.1] LayerNorm(x) = (x - mean) / sqrt(var + eps) * g + b over the last dimension
+template <typename T>
+void layernorm_forward(T* out, T* mean, T* rstd, const T* in, const T* g, const T* b, int M, int D,
+                       double eps);
+template <typename T>
+void layernorm_backward(T* din, T* dg, T* db, const T* dout, const T* in, const T* g, const T* mean,
+                        const T* rstd, int M, int D);
+
+// [§3.1] out = x + y
+template <typename T> void residual_forward(T* out, const T* x, const T* y, size_t n);
+template <typename T> void residual_backward(T* dx, T* dy, const T* dout, size_t n);
+
+// [§3.4] logits (M,V) = y (M,D) @ emb^T: the pre-softmax projection shares the embedding matrix
+template <typename T>
+void output_projection_forward(T* logits, const T* y, const T* emb, int M, int D, int V);
+template <typename T>
+void output_projection_backward(T* dy, T* demb, const T* dlogits, const T* y, const T* emb, int M, int D,
+                                int V);
+
+// [§5.4] mean over non-pad positions of -sum_v q_v log softmax(logits)_v; saves lse (M)
+template <typename T>
+double label_smoothed_xent_forward(T* lse, const T* logits, const int* targets, int M, int V, double eps,
+                                   LabelSmoothing form, int pad);
+template <typename T>
+void label_smoothed_xent_backward(T* dlogits, const T* logits, const T* lse, const int* targets, int M,
+                                  int V, double eps, LabelSmoothing form, int pad);
+
+// [§5.3] Adam with bias correction, over one flat buffer; t is the 1-based step.
+template <typename T>
+void adam_update(T* params, const T* grads, T* m, T* v, size_t n, double lr, double beta1, double beta2,
+                 double eps, long t);
+template <typename T> double grad_norm(const T* grads, size_t n);
+template <typename T> void scale_grads(T* grads, size_t n, double factor);
+
+}  // namespace cpu
