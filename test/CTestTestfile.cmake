@@ -1,8 +1,12 @@
 # Hand-written CTest file: `make test` runs `ctest --test-dir test --output-on-failure`.
 # Test programs are built by the Makefile into build/test/. GPU-only tests exit 77 when no GPU is
 # present and carry SKIP_RETURN_CODE 77 and the label gpu. Tests that need Multi30k skip (77) without it.
-set(BIN "${CMAKE_CURRENT_LIST_DIR}/../build/test")
-set(ROOT "${CMAKE_CURRENT_LIST_DIR}/..")
+# ctest runs each test in this directory (test/), so paths are relative to it (CTest script mode does
+# not define CMAKE_CURRENT_LIST_DIR).
+set(BIN "../build/test")
+set(ROOT "..")
 add_test(gradcheck "${BIN}/gradcheck")
 add_test(model_golden "${BIN}/model_golden" "${ROOT}/../shared/golden/model/tiny_postln.txt" "${ROOT}/../shared/golden/model/tiny_preln.txt")
 set_tests_properties(model_golden PROPERTIES SKIP_RETURN_CODE 77)
+add_test(paper_values "${BIN}/paper_values")
+add_test(notes_refs bash "${ROOT}/test/notes_refs.sh" "${ROOT}")
