@@ -115,6 +115,31 @@ long Batch::target_tokens() const {
   return n;
 }
 
+Batch make_batch(const std::vector<const std::vector<int>*>& src, const std::vector<const std::vector<int>*>& tgt) {
+  if (!tgt.empty() && tgt.size() != src.size()) throw std::invalid_argument("make_batch: source and target counts differ");
+  Batch b;
+  b.B = (int)src.size();
+  for (const auto* x : src) b.S = std::max(b.S, (int)x->size() + 1);
+  for (const auto* y : tgt) b.T = std::max(b.T, (int)y->size() + 1);
+  b.src.assign((size_t)b.B * b.S, kPadId);
+  b.tgt_in.assign((size_t)b.B * b.T, kPadId);
+  b.tgt_out.assign((size_t)b.B * b.T, kPadId);
+  for (int i = 0; i < b.B; ++i) {
+    int* s = &b.src[(size_t)i * b.S];
+    std::copy(src[i]->begin(), src[i]->end(), s);
+    s[src[i]->size()] = kEosId;
+    if (tgt.empty()) continue;
+    const std::vector<int>& y = *tgt[i];
+    int* in = &b.tgt_in[(size_t)i * b.T];
+    int* out = &b.tgt_out[(size_t)i * b.T];
+    in[0] = kBosId;
+    std::copy(y.begin(), y.end(), in + 1);
+    std::copy(y.begin(), y.end(), out);
+    out[y.size()] = kEosId;
+  }
+  return b;
+}
+
 // ---- random numbers and dropout masks ------------------------------------------------------------
 
 // SplitMix64's finaliser: a bijective mix of 64 bits. Dropout, initialisation and shuffling use it, so

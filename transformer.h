@@ -18,7 +18,10 @@
 #include <string>
 #include <vector>
 
-constexpr int kPadId = 0;  // <pad>; the tokenizer gives the special tokens fixed ids
+// The special tokens' fixed ids (the tokenizer gives them the same ones).
+constexpr int kPadId = 0;  // <pad>
+constexpr int kBosId = 2;  // <s>: the decoder's first input
+constexpr int kEosId = 3;  // </s>: ends the source and is the last token the decoder predicts
 
 // Which target distribution label smoothing uses (§5.4; the paper does not say).
 enum class LabelSmoothing {
@@ -89,6 +92,11 @@ struct Batch {
   std::vector<int> tgt_out;  // (B, T) y1 .. y_m </s>, padded: what each position must predict
   long target_tokens() const;  // positions of tgt_out that are not padding
 };
+
+// The model's view of a sentence pair (x, y), both BPE ids without specials: source x1..xn </s>,
+// decoder input <s> y1..ym, decoder target y1..ym </s>. Packs pairs into one padded batch; tgt may be
+// empty (a batch of sources only, for decoding). Training and decoding both go through here.
+Batch make_batch(const std::vector<const std::vector<int>*>& src, const std::vector<const std::vector<int>*>& tgt);
 
 // ---- dropout: masks from a counter-based hash, reproducible anywhere ----------------------------------
 struct DropoutKey {
