@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <stdexcept>
 
 // ---- configuration ---------------------------------------------------------------------------------
@@ -495,17 +496,18 @@ template <typename T> void residual_backward(T* dx, T* dy, const T* dout, size_t
 
 // ---- §3.4 embeddings and the pre-softmax projection (one shared matrix) ----------------------------
 
+// One position: [§3.4] the embedding weights are multiplied by sqrt(d_model); [§3.5] then PE is added.
+template <typename T> static void embed_token(T* out /*(D)*/, const T* e /*(D)*/, int pos, int D) {
+  const T sqrt_d = std::sqrt(T(D));
+  for (int d = 0; d < D; ++d) out[d] = e[d] * sqrt_d + T(positional_encoding(pos, d, D));
+}
+
 template <typename T>
 void embedding_forward(T* out, const int* ids, const T* emb, int B, int L, int D) {
-  const T sqrt_d = std::sqrt(T(D));
 #pragma omp parallel for collapse(2) if ((long)B * L * D > 100000)
   for (int b = 0; b < B; ++b)
-    for (int t = 0; t < L; ++t) {
-      const T* e = emb + (size_t)ids[(size_t)b * L + t] * D;
-      T* o = out + ((size_t)b * L + t) * D;
-      // [§3.4] the embedding weights are multiplied by sqrt(d_model); [§3.5] then PE is added
-      for (int d = 0; d < D; ++d) o[d] = e[d] * sqrt_d + T(positional_encoding(t, d, D));
-    }
+    for (int t = 0; t < L; ++t)
+      embed_token(out + ((size_t)b * L + t) * D, emb + (size_t)ids[(size_t)b * L + t] * D, t, D);
 }
 
 template <typename T>
@@ -1003,6 +1005,310 @@ template <typename T> double transformer_update(Transformer<T>& m) {
   return lr;
 }
 
+// ---- §6 decoding: the decoder one position at a time, with K/V caches ------------------------------
+
+double length_penalty(int length, double alpha) { return std::pow((5.0 + length) / 6.0, alpha); }
+
+int max_output_length(const Config& cfg, int source_tokens, int max_extra) {
+  // the decoder's inputs are <s> and every output token but the last: at most max_len positions
+  return std::max(1, std::min(source_tokens + max_extra, cfg.max_len));
+}
+
+// What decoding keeps between steps for R rows (hypotheses), each attending to one of the sources.
+template <typename T> struct DecoderCache {
+  int R = 0, S = 0, capacity = 0, t = 0;  // rows, source length, positions allocated, positions filled
+  std::vector<int> row_source;             // (R) which source each row translates
+  std::vector<uint8_t> src_valid;          // (sources, S)
+  std::vector<std::vector<T>> cross_k, cross_v;  // per layer (sources, S, D): computed once
+  std::vector<std::vector<T>> self_k, self_v;    // per layer (R, capacity, D): grows by one position a step
+  // scratch for one step, R rows
+  std::vector<T> x, q, kv, ctx, p, hpre, h, logits;
+  std::vector<T> sub[2];  // two sub-layer connections' outputs and statistics, ping-ponged
+};
+
+// Runs the encoder over the sources and computes every layer's encoder-decoder keys and values; row r
+// starts as source r.
+template <typename T>
+static DecoderCache<T> start_decoding(Transformer<T>& m, const std::vector<std::vector<int>>& src, int capacity) {
+  const Config& c = m.cfg;
+  std::vector<const std::vector<int>*> rows;
+  for (const auto& s : src) rows.push_back(&s);
+  Batch batch = make_batch(rows, {});
+  batch.T = 1;  // the encoder alone: a one-position decoder input keeps prepare_batch's checks
+  batch.tgt_in.assign(batch.B, kBosId);
+  batch.tgt_out.assign(batch.B, kEosId);
+  prepare_batch(m, batch);
+  encoder_forward(m, batch, false);
+  DecoderCache<T> k;
+  k.S = batch.S;
+  k.capacity = capacity;
+  k.src_valid = m.acts.src_valid;
+  const size_t n = (size_t)batch.B * batch.S * c.D;
+  k.cross_k.assign(c.N, std::vector<T>(n));
+  k.cross_v.assign(c.N, std::vector<T>(n));
+  for (int l = 0; l < c.N; ++l) {  // [§3.2.3] keys and values come from the encoder output
+    cpu::linear_forward(k.cross_k[l].data(), m.acts.enc.out, m.W.dec[l].cross.wk, (const T*)nullptr, batch.B * batch.S, c.D, c.D);
+    cpu::linear_forward(k.cross_v[l].data(), m.acts.enc.out, m.W.dec[l].cross.wv, (const T*)nullptr, batch.B * batch.S, c.D, c.D);
+  }
+  k.self_k.assign(c.N, {});
+  k.self_v.assign(c.N, {});
+  k.R = batch.B;  // one row per source to begin with
+  k.row_source.resize(batch.B);
+  std::iota(k.row_source.begin(), k.row_source.end(), 0);
+  return k;
+}
+
+// Keeps the rows `parent` names (a row may be kept several times), in that order: beams reordered.
+template <typename T> static void reorder_rows(DecoderCache<T>& k, const std::vector<int>& parent, int D) {
+  const size_t row = (size_t)k.capacity * D, used = (size_t)k.t * D;
+  std::vector<int> source(parent.size());
+  for (size_t r = 0; r < parent.size(); ++r) source[r] = k.row_source[parent[r]];
+  for (auto* cache : {&k.self_k, &k.self_v})
+    for (auto& layer : *cache) {
+      std::vector<T> kept(parent.size() * row);
+      for (size_t r = 0; r < parent.size(); ++r)
+        std::copy_n(layer.begin() + parent[r] * row, used, kept.begin() + r * row);
+      layer.swap(kept);
+    }
+  k.row_source.swap(source);
+  k.R = (int)parent.size();
+}
+
+// One decoder step for every row: token[r] is the decoder input at position k.t; writes the
+// log-probabilities of the next token, logprob (R, V), and appends this position's keys and values.
+template <typename T> static void decoder_step(Transformer<T>& m, DecoderCache<T>& k, const int* token, T* logprob) {
+  const Config& c = m.cfg;
+  const int R = k.R, D = c.D, H = c.H, t = k.t;
+  const size_t RD = (size_t)R * D;
+  if (t >= k.capacity) throw std::logic_error("decoder_step: past the cache's capacity");
+  k.x.resize(RD), k.q.resize(RD), k.kv.resize(RD), k.ctx.resize(RD), k.p.resize((size_t)R * H * (t + 1 > k.S ? t + 1 : k.S));
+  k.hpre.resize((size_t)R * c.F), k.h.resize((size_t)R * c.F), k.logits.resize((size_t)R * c.V);
+  for (auto& s : k.sub) s.resize(4 * RD + 2 * R);
+  for (auto* cache : {&k.self_k, &k.self_v})
+    for (auto& layer : *cache) layer.resize((size_t)R * k.capacity * D);
+  auto acts = [&](int i) {  // a sub-layer connection's buffers for R rows (no backward: nothing is kept)
+    T* b = k.sub[i].data();
+    return SublayerActs<T>{b, b + RD, b + 2 * RD, b + 3 * RD, b + 4 * RD, b + 4 * RD + R};
+  };
+  const DropoutKey none{};
+  const std::vector<uint8_t> all_visible(t + 1, 1);
+  // [§3.4, §3.5] the embedded input at position t
+  for (int r = 0; r < R; ++r) cpu::embed_token(k.x.data() + (size_t)r * D, m.W.emb + (size_t)token[r] * D, t, D);
+  const T* x = k.x.data();
+  int cur = 0;
+  for (int l = 0; l < c.N; ++l) {
+    const DecoderLayerWeights<T>& w = m.W.dec[l];
+    T* K = k.self_k[l].data();
+    T* V = k.self_v[l].data();
+    // [§3.2.3] masked self-attention: this position attends to positions 0..t, all in the cache
+    SublayerActs<T> self = acts(cur);
+    sublayer_connection_forward(self, x, w.ln1, c, none, R, [&](const T* in, T* y) {
+      cpu::linear_forward(k.q.data(), in, w.self.wq, (const T*)nullptr, R, D, D);
+      cpu::linear_forward(k.kv.data(), in, w.self.wk, (const T*)nullptr, R, D, D);
+      for (int r = 0; r < R; ++r) std::copy_n(k.kv.data() + (size_t)r * D, D, K + ((size_t)r * k.capacity + t) * D);
+      cpu::linear_forward(k.kv.data(), in, w.self.wv, (const T*)nullptr, R, D, D);
+      for (int r = 0; r < R; ++r) std::copy_n(k.kv.data() + (size_t)r * D, D, V + ((size_t)r * k.capacity + t) * D);
+#pragma omp parallel for schedule(static)
+      for (int r = 0; r < R; ++r)  // [Eq. 1] one query row against the cached keys and values
+        cpu::attention_forward(k.ctx.data() + (size_t)r * D, k.p.data() + (size_t)r * H * (t + 1), k.q.data() + (size_t)r * D,
+                               K + (size_t)r * k.capacity * D, V + (size_t)r * k.capacity * D, all_visible.data(), false,
+                               none, 1, 1, t + 1, D, H);
+      cpu::linear_forward(y, k.ctx.data(), w.self.wo, (const T*)nullptr, R, D, D);
+    });
+    cur = 1 - cur;
+    // [§3.2.3] encoder-decoder attention against the keys and values computed once per source
+    SublayerActs<T> cross = acts(cur);
+    sublayer_connection_forward(cross, self.out, w.ln2, c, none, R, [&](const T* in, T* y) {
+      cpu::linear_forward(k.q.data(), in, w.cross.wq, (const T*)nullptr, R, D, D);
+#pragma omp parallel for schedule(static)
+      for (int r = 0; r < R; ++r) {
+        const size_t s = k.row_source[r];
+        cpu::attention_forward(k.ctx.data() + (size_t)r * D, k.p.data() + (size_t)r * H * k.S, k.q.data() + (size_t)r * D,
+                               k.cross_k[l].data() + s * k.S * D, k.cross_v[l].data() + s * k.S * D,
+                               k.src_valid.data() + s * k.S, false, none, 1, 1, k.S, D, H);
+      }
+      cpu::linear_forward(y, k.ctx.data(), w.cross.wo, (const T*)nullptr, R, D, D);
+    });
+    cur = 1 - cur;
+    // [Eq. 2] the feed-forward network
+    SublayerActs<T> ffn = acts(cur);
+    sublayer_connection_forward(ffn, cross.out, w.ln3, c, none, R, [&](const T* in, T* y) {
+      cpu::ffn_forward(y, FfnActs<T>{k.hpre.data(), k.h.data()}, in, w.ffn, none, R, D, c.F);
+    });
+    cur = 1 - cur;
+    x = ffn.out;
+  }
+  if (c.pre_ln) {  // the decoder stack's final LayerNorm
+    SublayerActs<T> fin = acts(cur);
+    cpu::layernorm_forward(fin.out, fin.mean, fin.rstd, x, m.W.dec_final.g, m.W.dec_final.b, R, D, c.ln_eps);
+    x = fin.out;
+  }
+  // [§3.4] logits = y E^T, then log-softmax; <pad> and <s> are never predicted
+  cpu::output_projection_forward(k.logits.data(), x, m.W.emb, R, D, c.V);
+#pragma omp parallel for schedule(static)
+  for (int r = 0; r < R; ++r) {
+    const T* z = k.logits.data() + (size_t)r * c.V;
+    T* o = logprob + (size_t)r * c.V;
+    double mx = -INFINITY, sum = 0;
+    for (int v = 0; v < c.V; ++v) mx = std::max(mx, (double)z[v]);
+    for (int v = 0; v < c.V; ++v) sum += std::exp((double)z[v] - mx);
+    const double lse = mx + std::log(sum);
+    for (int v = 0; v < c.V; ++v) o[v] = T((double)z[v] - lse);
+    o[kPadId] = o[kBosId] = -std::numeric_limits<T>::infinity();
+  }
+  k.t += 1;
+}
+
+template <typename T>
+std::vector<T> decoder_logprobs(Transformer<T>& m, const std::vector<int>& src, const std::vector<int>& y) {
+  const int V = m.cfg.V, steps = (int)y.size() + 1;
+  DecoderCache<T> k = start_decoding(m, {src}, steps);
+  std::vector<T> out((size_t)steps * V);
+  int token = kBosId;
+  for (int t = 0; t < steps; ++t) {
+    decoder_step(m, k, &token, out.data() + (size_t)t * V);
+    if (t < (int)y.size()) token = y[t];
+  }
+  return out;
+}
+
+template <typename T>
+std::vector<Hypothesis> greedy_decode(Transformer<T>& m, const std::vector<std::vector<int>>& src, int max_extra) {
+  const int V = m.cfg.V, B = (int)src.size();
+  std::vector<Hypothesis> out(B);
+  if (B == 0) return out;
+  std::vector<int> limit(B), live(B);  // live: the sentence of each row
+  int longest = 0;
+  for (int b = 0; b < B; ++b) {
+    limit[b] = max_output_length(m.cfg, (int)src[b].size(), max_extra);
+    longest = std::max(longest, limit[b]);
+    live[b] = b;
+  }
+  DecoderCache<T> k = start_decoding(m, src, longest);
+  std::vector<int> token(B, kBosId);
+  std::vector<T> logprob;
+  while (!live.empty()) {
+    logprob.resize((size_t)k.R * V);
+    decoder_step(m, k, token.data(), logprob.data());
+    std::vector<int> keep, next;
+    for (int r = 0; r < k.R; ++r) {
+      const T* lp = logprob.data() + (size_t)r * V;
+      const int best = (int)(std::max_element(lp, lp + V) - lp);
+      Hypothesis& h = out[live[r]];
+      h.logprob += lp[best];
+      if (best == kEosId) h.finished = true;
+      else h.tokens.push_back(best);
+      h.score = h.logprob;
+      if (h.finished || (int)h.tokens.size() >= limit[live[r]]) continue;
+      keep.push_back(r);
+      next.push_back(best);
+    }
+    std::vector<int> sentences;
+    for (int r : keep) sentences.push_back(live[r]);
+    live.swap(sentences);
+    token.swap(next);
+    if (!live.empty()) reorder_rows(k, keep, m.cfg.D);
+  }
+  return out;
+}
+
+template <typename T>
+std::vector<std::vector<Hypothesis>> beam_search(Transformer<T>& m, const std::vector<std::vector<int>>& src,
+                                                 const DecodeOptions& opt) {
+  if (opt.beam < 1 || opt.n_best < 1 || opt.n_best > opt.beam || opt.alpha < 0 || opt.max_extra < 0)
+    throw std::invalid_argument("beam search needs beam >= 1, 1 <= n_best <= beam, alpha >= 0, max_extra >= 0");
+  const int V = m.cfg.V, B = (int)src.size(), K = opt.beam;
+  std::vector<std::vector<Hypothesis>> finished(B);
+  if (B == 0) return finished;
+  std::vector<Hypothesis> live(B);  // the live hypotheses of every sentence, one per cache row
+  std::vector<int> limit(B), row_sentence(B);
+  int longest = 0;
+  for (int b = 0; b < B; ++b) {
+    limit[b] = max_output_length(m.cfg, (int)src[b].size(), opt.max_extra);
+    longest = std::max(longest, limit[b]);
+    row_sentence[b] = b;
+  }
+  DecoderCache<T> k = start_decoding(m, src, longest);
+  std::vector<int> token(B, kBosId);
+  std::vector<T> logprob;
+  struct Candidate { double logprob; int row, token; };
+  auto better = [](const Candidate& a, const Candidate& b) {
+    return a.logprob != b.logprob ? a.logprob > b.logprob : a.row != b.row ? a.row < b.row : a.token < b.token;
+  };
+  auto by_score = [](const Hypothesis& a, const Hypothesis& b) { return a.score > b.score; };
+  while (k.R > 0) {
+    logprob.resize((size_t)k.R * V);
+    decoder_step(m, k, token.data(), logprob.data());
+    std::vector<Hypothesis> next_live;
+    std::vector<int> parent, next_token, next_sentence;
+    for (int r0 = 0; r0 < k.R;) {  // the rows r0..r1-1 belong to one sentence
+      const int b = row_sentence[r0];
+      int r1 = r0;
+      while (r1 < k.R && row_sentence[r1] == b) ++r1;
+      // the K best extensions of this sentence's live hypotheses (each row's K best tokens suffice)
+      std::vector<Candidate> cand;
+      std::vector<int> ids(V);
+      for (int r = r0; r < r1; ++r) {
+        const T* lp = logprob.data() + (size_t)r * V;
+        for (int v = 0; v < V; ++v) ids[v] = v;
+        const int top = std::min(K, V);
+        std::partial_sort(ids.begin(), ids.begin() + top, ids.end(),
+                          [&](int a, int c) { return lp[a] != lp[c] ? lp[a] > lp[c] : a < c; });
+        for (int i = 0; i < top; ++i) cand.push_back({live[r].logprob + lp[ids[i]], r, ids[i]});
+      }
+      std::sort(cand.begin(), cand.end(), better);
+      if ((int)cand.size() > K) cand.resize(K);
+      std::vector<Hypothesis> grown;
+      std::vector<int> grown_parent, grown_token;
+      for (const Candidate& cd : cand) {
+        Hypothesis h = live[cd.row];  // the parent, extended below
+        h.logprob = cd.logprob;
+        if (cd.token == kEosId) {
+          h.finished = true;
+          h.score = h.logprob / length_penalty((int)h.tokens.size() + 1, opt.alpha);
+          finished[b].push_back(h);
+          continue;
+        }
+        h.tokens.push_back(cd.token);
+        if ((int)h.tokens.size() >= limit[b]) {  // the length limit: finished as it stands
+          h.score = h.logprob / length_penalty((int)h.tokens.size(), opt.alpha);
+          finished[b].push_back(h);
+          continue;
+        }
+        grown.push_back(h);
+        grown_parent.push_back(cd.row);
+        grown_token.push_back(cd.token);
+      }
+      // [§6] stop early once no live hypothesis can beat the n_best-th finished one
+      std::sort(finished[b].begin(), finished[b].end(), by_score);
+      bool done = grown.empty();
+      if (!done && (int)finished[b].size() >= opt.n_best) {
+        double bound = -INFINITY;
+        for (const Hypothesis& h : grown) bound = std::max(bound, h.logprob / length_penalty(limit[b], opt.alpha));
+        done = finished[b][opt.n_best - 1].score >= bound;
+      }
+      if (!done)
+        for (size_t i = 0; i < grown.size(); ++i) {
+          next_live.push_back(grown[i]);
+          parent.push_back(grown_parent[i]);
+          next_token.push_back(grown_token[i]);
+          next_sentence.push_back(b);
+        }
+      r0 = r1;
+    }
+    live.swap(next_live);
+    token.swap(next_token);
+    row_sentence.swap(next_sentence);
+    if (!parent.empty()) reorder_rows(k, parent, m.cfg.D);
+    else k.R = 0;
+  }
+  for (auto& f : finished) {
+    std::stable_sort(f.begin(), f.end(), by_score);
+    if ((int)f.size() > opt.n_best) f.resize(opt.n_best);
+  }
+  return finished;
+}
+
 // ---- instantiation -----------------------------------------------------------------------------------
 // The templates are defined here and used elsewhere for float (training) and double (gradient checks).
 // Explicitly instantiating each function would repeat every signature; taking the addresses in an
@@ -1020,6 +1326,7 @@ template <typename T> std::vector<const void*> instantiate_for() {
       (const void*)&cpu::output_projection_forward<T>, (const void*)&cpu::output_projection_backward<T>,
       (const void*)&cpu::label_smoothed_xent_forward<T>, (const void*)&cpu::label_smoothed_xent_backward<T>,
       (const void*)&cpu::adam_update<T>, (const void*)&cpu::grad_norm<T>, (const void*)&cpu::scale_grads<T>,
+      (const void*)&greedy_decode<T>, (const void*)&beam_search<T>, (const void*)&decoder_logprobs<T>,
   };
 }
 template std::vector<const void*> instantiate_for<float>();

@@ -173,6 +173,42 @@ double learning_rate(long step, int D, int warmup, double scale);
 // [§3.5] PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(pos / 10000^(2i/D))
 double positional_encoding(int pos, int i, int D);
 
+// ---- decoding (§6): greedy and beam search with per-layer K/V caches -----------------------------------
+// Sources are BPE ids without specials (make_batch appends </s>); outputs are ids without <s> and </s>.
+// Sentences and their beams are decoded together, one decoder step for all of them at a time: the
+// decoder self-attention keys and values of earlier positions are cached and grow by one position a
+// step, the encoder-decoder keys and values are computed once per sentence. Dropout is off.
+struct DecodeOptions {
+  int beam = 4;          // [§6] beam size
+  double alpha = 0.6;    // [§6] length penalty lp(Y) = ((5 + |Y|) / 6)^alpha
+  int max_extra = 50;    // [§6] output length <= source length + max_extra
+  int n_best = 1;        // hypotheses returned per sentence (<= beam)
+};
+struct Hypothesis {
+  std::vector<int> tokens;  // without <s> and </s>
+  double logprob = 0;       // log P(Y | X), </s> included when finished
+  double score = 0;         // logprob / lp(Y), |Y| counting </s>
+  bool finished = false;    // ended with </s> (false: stopped at the length limit)
+};
+// [§6] GNMT's length penalty
+double length_penalty(int length, double alpha);
+// Longest output for a source of n tokens: n + max_extra, within the model's max_len.
+int max_output_length(const Config& cfg, int source_tokens, int max_extra);
+// Greedy decoding: the most probable token at each step, until </s> or the length limit.
+template <typename T>
+std::vector<Hypothesis> greedy_decode(Transformer<T>& m, const std::vector<std::vector<int>>& src, int max_extra);
+// Beam search: the n_best hypotheses per source, best score first. Each step keeps the `beam` best
+// extensions of the live hypotheses; those ending in </s> are finished. A sentence stops once no live
+// hypothesis can beat its n_best-th finished one (log-probabilities only fall, lp grows at most to
+// lp(limit)), or at the length limit, where live hypotheses are finished as they stand.
+template <typename T>
+std::vector<std::vector<Hypothesis>> beam_search(Transformer<T>& m, const std::vector<std::vector<int>>& src,
+                                                 const DecodeOptions& opt);
+// log P(y | x) of every position of a given output, through the incremental decoder (y ids without
+// specials; </s> appended): row t holds the log-probabilities (V) of the token after y_1..y_t.
+template <typename T>
+std::vector<T> decoder_logprobs(Transformer<T>& m, const std::vector<int>& src, const std::vector<int>& y);
+
 // ---- the sub-layers on the CPU: the reference definitions ---------------------------------------------
 namespace cpu {
 

@@ -10,3 +10,4 @@ add_test(model_golden "${BIN}/model_golden" "${ROOT}/../shared/golden/model/tiny
 set_tests_properties(model_golden PROPERTIES SKIP_RETURN_CODE 77)
 add_test(paper_values "${BIN}/paper_values")
 add_test(notes_refs bash "${ROOT}/test/notes_refs.sh" "${ROOT}")
+add_test(decoding "${BIN}/decoding")
