@@ -60,7 +60,7 @@ PROGRAMS := $(basename $(wildcard train.cpp translate.cpp))
 TESTS    := $(patsubst test/%.cpp,$(BUILD)/test/%,$(wildcard test/*.cpp))
 HEADERS  := $(wildcard *.h data/*.h test/*.h)
 
-.PHONY: all test clean FORCE
+.PHONY: all test bench clean FORCE
 all: $(PROGRAMS) $(TESTS)
 
 $(BUILD)/config.stamp: FORCE
@@ -87,6 +87,10 @@ $(BUILD)/test/%: $(BUILD)/test/%.o $(LIB_OBJS)
 
 test: all
 	ctest --test-dir test --output-on-failure
+
+# Benchmarks print figures (they are not tests): see test/bench.sh.
+bench: all
+	bash test/bench.sh
 
 clean:
 	rm -rf $(BUILD) $(PROGRAMS)
