@@ -61,6 +61,7 @@ TESTS    := $(patsubst test/%.cpp,$(BUILD)/test/%,$(wildcard test/*.cpp))
 HEADERS  := $(wildcard *.h data/*.h test/*.h)
 
 .PHONY: all test bench clean FORCE
+.SECONDARY:  # keep the objects: they are intermediate files of pattern rules
 all: $(PROGRAMS) $(TESTS)
 
 $(BUILD)/config.stamp: FORCE
