@@ -60,7 +60,7 @@ PROGRAMS := $(basename $(wildcard train.cpp translate.cpp))
 TESTS    := $(patsubst test/%.cpp,$(BUILD)/test/%,$(wildcard test/*.cpp))
 HEADERS  := $(wildcard *.h data/*.h test/*.h)
 
-.PHONY: all test bench clean FORCE
+.PHONY: all test bench data clean FORCE
 .SECONDARY:  # keep the objects: they are intermediate files of pattern rules
 all: $(PROGRAMS) $(TESTS)
 
@@ -88,6 +88,10 @@ $(BUILD)/test/%: $(BUILD)/test/%.o $(LIB_OBJS)
 
 test: all
 	ctest --test-dir test --output-on-failure
+
+# Multi30k into data/multi30k (from $MULTI30K_DIR when set, else downloaded): see data/get_multi30k.sh.
+data:
+	bash data/get_multi30k.sh data/multi30k
 
 # Benchmarks print figures (they are not tests): see test/bench.sh.
 bench: all
