@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <queue>
 #include <set>
@@ -145,6 +147,23 @@ void append_valid_utf8(std::string& out, const std::string& bytes) {
 }
 
 }  // namespace
+
+std::vector<std::string> read_text_lines(const std::string& path) {
+  std::ifstream file;
+  if (path != "-") {
+    file.open(path, std::ios::binary);
+    if (!file) throw std::runtime_error("cannot read " + path + ": " + std::strerror(errno));
+  }
+  std::istream& in = path == "-" ? std::cin : file;
+  std::vector<std::string> lines;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    lines.push_back(std::move(line));
+  }
+  if (in.bad()) throw std::runtime_error("error reading " + path);
+  return lines;
+}
 
 // ---- normalisation ------------------------------------------------------------------------------------
 

@@ -18,6 +18,10 @@
 #include <utility>
 #include <vector>
 
+// The lines of a text file (a trailing "\r" is dropped; the last line may lack "\n"); "-" reads stdin.
+// Throws std::runtime_error naming the file when it cannot be read.
+std::vector<std::string> read_text_lines(const std::string& path);
+
 // Invalid UTF-8 in the input: what() names the byte offset; callers add the file and line.
 struct InvalidUtf8 : std::runtime_error {
   size_t offset;

@@ -15,6 +15,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -97,6 +98,17 @@ struct Batch {
 // decoder input <s> y1..ym, decoder target y1..ym </s>. Packs pairs into one padded batch; tgt may be
 // empty (a batch of sources only, for decoding). Training and decoding both go through here.
 Batch make_batch(const std::vector<const std::vector<int>*>& src, const std::vector<const std::vector<int>*>& tgt);
+
+// ---- random numbers: one counter-based hash for everything -------------------------------------------
+// SplitMix64's step and finaliser: a bijective mix of 64 bits. Dropout masks, initialisation, the
+// number corpus and the epoch shuffles all draw from it, so every run is reproducible on any platform
+// (no std:: distributions, whose output varies between libraries).
+inline uint64_t mix64(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
 
 // ---- dropout: masks from a counter-based hash, reproducible anywhere ----------------------------------
 struct DropoutKey {
@@ -208,6 +220,33 @@ std::vector<std::vector<Hypothesis>> beam_search(Transformer<T>& m, const std::v
 // specials; </s> appended): row t holds the log-probabilities (V) of the token after y_1..y_t.
 template <typename T>
 std::vector<T> decoder_logprobs(Transformer<T>& m, const std::vector<int>& src, const std::vector<int>& y);
+
+// ---- checkpoints -----------------------------------------------------------------------------------------
+// A binary file (NOTES.md, "Checkpoints"): magic "TRANSFMR", format version, the configuration, the
+// vocabulary hash, the step and seed, where training stood, the parameters and (optionally) Adam's m
+// and v, then an FNV-1a checksum of everything before it. Written to a temporary file, flushed, synced
+// and renamed, so a crash never leaves a half-written checkpoint under the real name.
+struct TrainState {
+  long epoch = 0;        // epochs completed
+  long batch = 0;        // batches of the current epoch done (the epoch's order comes from the seed)
+  double elapsed = 0;    // seconds of training so far
+  long tokens = 0;       // target tokens trained on so far
+};
+struct CheckpointMeta {
+  uint64_t vocab_hash = 0;
+  long step = 0;
+  bool has_adam = false;  // false: parameters only (an averaged model)
+  TrainState train;
+};
+// Throws std::runtime_error with one line when the file cannot be written.
+void checkpoint_save(const std::string& path, const Transformer<float>& m, uint64_t vocab_hash, const TrainState* train);
+// Throws std::runtime_error with one line: missing, truncated, not a checkpoint, another version, bad checksum.
+std::unique_ptr<Transformer<float>> checkpoint_load(const std::string& path, CheckpointMeta* meta);
+// [§6] The mean of several checkpoints' parameters (same configuration and vocabulary), saved without
+// Adam state; returns the number averaged.
+int checkpoint_average(const std::vector<std::string>& paths, const std::string& out);
+// Names the first field in which two configurations differ ("" when they are the same).
+std::string config_difference(const Config& a, const Config& b);
 
 // ---- the sub-layers on the CPU: the reference definitions ---------------------------------------------
 namespace cpu {

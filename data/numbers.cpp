@@ -1,5 +1,7 @@
 #include "numbers.h"
 
+#include "../transformer.h"  // mix64
+
 #include <stdexcept>
 #include <unordered_set>
 
@@ -66,13 +68,8 @@ std::string german_number(long n) {
 NumberCorpus number_corpus(uint64_t seed, int train, int val, int test) {
   if (train < 0 || val < 0 || test < 0 || (long)train + val + test > 500000)
     throw std::invalid_argument("number corpus: split sizes must be >= 0 and at most 500,000 together");
-  uint64_t state = seed;
-  auto next = [&]() {  // SplitMix64: the same numbers on every platform
-    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  };
+  uint64_t counter = mix64(seed);
+  auto next = [&]() { return mix64(counter++); };  // the same numbers on every platform
   static const long kFirst[] = {0, 10, 100, 1000, 10000, 100000}, kCount[] = {10, 90, 900, 9000, 90000, 900000};
   std::unordered_set<long> used;
   NumberCorpus c;

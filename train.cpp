@@ -1,0 +1,686 @@
+// ./train: trains the Transformer on Multi30k (data/multi30k, `make data`) or, without it, on the
+// built-in corpus of English and German number words (data/numbers.h). §5 of the paper: batches of
+// similar length (§5.1), Adam with the Eq. 3 schedule (§5.3), dropout and label smoothing (§5.4);
+// validation with the decoding and BLEU of ./translate; checkpoints, resuming and averaging (§6).
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <dirent.h>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <sys/stat.h>
+#include <tuple>
+#include <unistd.h>
+#include <vector>
+
+#include "bleu.h"
+#include "data/numbers.h"
+#include "tokenizer.h"
+#include "transformer.h"
+
+namespace {
+
+constexpr uint64_t kNumberCorpusSeed = 20170612;  // the corpus is fixed; --seed varies the model
+
+struct Options {
+  std::string data, src = "en", tgt = "de", config, out, vocab;
+  std::map<std::string, std::string> overrides;  // --layers 4 etc., applied over the preset
+  int merges = -1;           // -1: 8000 on Multi30k, 60 on the number corpus
+  int batch_tokens = -1;     // -1: 4096 (small and up), 1024 (tiny)
+  long epochs = -1, max_steps = -1;
+  double time_limit = -1;    // seconds; -1: none (Multi30k), 175 (number corpus)
+  std::string device = "cpu";
+  uint64_t seed = 1;
+  bool resume = false, bpe_only = false, quiet = false;
+  double checkpoint_minutes = 10;
+  int keep = 5, average = 0;
+  long val_every = -1;       // steps; -1: once per epoch
+  int val_sentences = -1;    // -1: all (number corpus), 500 (Multi30k)
+  int log_every = 1;
+};
+
+[[noreturn]] void fail(const std::string& msg) {
+  std::fprintf(stderr, "train: %s\n", msg.c_str());
+  std::exit(1);
+}
+
+void usage() {
+  std::printf(
+      "usage: ./train [options]\n"
+      "Trains on Multi30k when data/multi30k has it (`make data`), else on the built-in number corpus.\n"
+      "data\n"
+      "  --data DIR|numbers     corpus folder (DIR/train.SRC, val, test_2016_flickr) or the built-in corpus\n"
+      "                         (default: data/multi30k if present, else numbers)\n"
+      "  --src L --tgt L        languages (default en, de)\n"
+      "  --vocab FILE           use this BPE vocabulary instead of learning one\n"
+      "  --merges N             BPE merges to learn (default 8000 on Multi30k, 60 on numbers)\n"
+      "  --bpe-only             learn (or load) the vocabulary, then print how each stdin line splits\n"
+      "model (--config, then overrides)\n"
+      "  --config NAME          tiny | small | base | big (default small on Multi30k, tiny on numbers)\n"
+      "  --layers N --d-model D --d-ff F --heads H --max-len L\n"
+      "  --dropout P            residual and embedding dropout [§5.4]\n"
+      "  --label-smoothing E    [§5.4] (default 0.1)\n"
+      "  --pre-ln               LayerNorm inside the residual branch (default: post-LN, as §3.1)\n"
+      "training\n"
+      "  --batch-tokens N       source and target tokens per batch, each (default 4096; 1024 for tiny) [§5.1]\n"
+      "  --warmup N --lr-scale S  Eq. 3 schedule (default: the preset's)\n"
+      "  --clip-norm C          global gradient-norm clipping [DEVIATION] (default off)\n"
+      "  --epochs N --max-steps N --time-limit SECONDS   stop at the first reached (default: 40 epochs on\n"
+      "                         Multi30k; 175 s on numbers)\n"
+      "  --device cpu|cuda      (default cpu)\n"
+      "  --seed N               initialisation, dropout and batch order (default 1)\n"
+      "  --out DIR              run folder: vocab.bpe, ckpt-*.bin, model.bin, log.csv, curves.svg\n"
+      "                         (default runs/multi30k-SRC-TGT or runs/numbers)\n"
+      "  --resume               continue from DIR/model.bin (same options as the first run)\n"
+      "  --checkpoint-every M   minutes between checkpoints (default 10; one is also written at the end)\n"
+      "  --keep K               checkpoints kept (default 5)\n"
+      "  --average N            [§6] at the end, write DIR/averaged.bin, the mean of the last N checkpoints\n"
+      "  --val-every N          steps between validations (default: once per epoch)\n"
+      "  --val-sentences N      validation sentences decoded for BLEU (default all on numbers, 500 on Multi30k)\n"
+      "  --log-every N          steps between lines of log.csv (default 1)\n"
+      "  --quiet                no progress line\n");
+}
+
+long to_long(const std::string& flag, const std::string& v, long lo, long hi) {
+  char* end = nullptr;
+  errno = 0;
+  long x = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || *end || errno || x < lo || x > hi)
+    fail(flag + " needs an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got '" + v + "'");
+  return x;
+}
+
+double to_double(const std::string& flag, const std::string& v, double lo, double hi) {
+  char* end = nullptr;
+  double x = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end || !(x >= lo && x <= hi)) fail(flag + " needs a number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got '" + v + "'");
+  return x;
+}
+
+bool is_dir(const std::string& p) {
+  struct stat st;
+  return stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+bool is_file(const std::string& p) {
+  struct stat st;
+  return stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  static const char* const kOverrides[] = {"--layers", "--d-model", "--d-ff", "--heads", "--max-len", "--dropout",
+                                           "--label-smoothing", "--warmup", "--lr-scale", "--clip-norm"};
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) fail(a + " needs a value (see --help)");
+      return argv[++i];
+    };
+    if (a == "-h" || a == "--help") usage(), std::exit(0);
+    else if (a == "--data") o.data = value();
+    else if (a == "--src") o.src = value();
+    else if (a == "--tgt") o.tgt = value();
+    else if (a == "--vocab") o.vocab = value();
+    else if (a == "--merges") o.merges = (int)to_long(a, value(), 0, 1000000);
+    else if (a == "--bpe-only") o.bpe_only = true;
+    else if (a == "--config") o.config = value();
+    else if (std::find(std::begin(kOverrides), std::end(kOverrides), a) != std::end(kOverrides)) o.overrides[a] = value();
+    else if (a == "--pre-ln") o.overrides[a] = "1";
+    else if (a == "--batch-tokens") o.batch_tokens = (int)to_long(a, value(), 16, 10000000);
+    else if (a == "--epochs") o.epochs = to_long(a, value(), 1, 1000000);
+    else if (a == "--max-steps") o.max_steps = to_long(a, value(), 1, LONG_MAX);
+    else if (a == "--time-limit") o.time_limit = to_double(a, value(), 1, 1e9);
+    else if (a == "--device") o.device = value();
+    else if (a == "--seed") o.seed = (uint64_t)to_long(a, value(), 0, LONG_MAX);
+    else if (a == "--out") o.out = value();
+    else if (a == "--resume") o.resume = true;
+    else if (a == "--checkpoint-every") o.checkpoint_minutes = to_double(a, value(), 0.01, 1e6);
+    else if (a == "--keep") o.keep = (int)to_long(a, value(), 1, 1000);
+    else if (a == "--average") o.average = (int)to_long(a, value(), 1, 1000);
+    else if (a == "--val-every") o.val_every = to_long(a, value(), 1, LONG_MAX);
+    else if (a == "--val-sentences") o.val_sentences = (int)to_long(a, value(), 0, 10000000);
+    else if (a == "--log-every") o.log_every = (int)to_long(a, value(), 1, 1000000);
+    else if (a == "--quiet") o.quiet = true;
+    else fail("unknown option '" + a + "' (see --help)");
+  }
+  if (o.device != "cpu" && o.device != "cuda") fail("--device must be cpu or cuda, got '" + o.device + "'");
+  if (o.average > o.keep) fail("--average " + std::to_string(o.average) + " needs --keep of at least as many checkpoints");
+  return o;
+}
+
+Config build_config(const Options& o, bool numbers) {
+  Config c;
+  try {
+    c = config_preset(o.config.empty() ? (numbers ? "tiny" : "small") : o.config);
+  } catch (const std::invalid_argument& e) {
+    fail(std::string("--config: ") + e.what());
+  }
+  for (const auto& [flag, v] : o.overrides) {
+    if (flag == "--layers") c.N = (int)to_long(flag, v, 1, 64);
+    else if (flag == "--d-model") c.D = (int)to_long(flag, v, 1, 65536);
+    else if (flag == "--d-ff") c.F = (int)to_long(flag, v, 1, 1 << 20);
+    else if (flag == "--heads") c.H = (int)to_long(flag, v, 1, 1024);
+    else if (flag == "--max-len") c.max_len = (int)to_long(flag, v, 2, 1 << 16);
+    else if (flag == "--dropout") c.p_drop = to_double(flag, v, 0, 0.99);
+    else if (flag == "--label-smoothing") c.eps_ls = to_double(flag, v, 0, 0.99);
+    else if (flag == "--warmup") c.warmup = (int)to_long(flag, v, 1, 100000000);
+    else if (flag == "--lr-scale") c.lr_scale = to_double(flag, v, 1e-9, 1e9);
+    else if (flag == "--clip-norm") c.clip_norm = to_double(flag, v, 0, 1e9);
+    else if (flag == "--pre-ln") c.pre_ln = true;
+  }
+  return c;
+}
+
+// ---- data -------------------------------------------------------------------------------------------
+
+struct Split {
+  std::vector<std::string> src, tgt;  // text
+  std::string src_name, tgt_name;     // where it came from, for messages
+};
+struct Corpus {
+  bool numbers = false;
+  std::string description;
+  Split train, val, test;
+};
+
+Corpus load_corpus(const Options& o) {
+  Corpus c;
+  std::string dir = o.data;
+  if (dir.empty()) dir = is_file("data/multi30k/train." + o.src) ? "data/multi30k" : "numbers";
+  if (dir == "numbers") {
+    c.numbers = true;
+    NumberCorpus n = number_corpus(kNumberCorpusSeed, 30000, 500, 500);
+    for (auto [split, pairs] : {std::pair{&c.train, &n.train}, std::pair{&c.val, &n.val}, std::pair{&c.test, &n.test}}) {
+      for (const NumberPair& p : *pairs) split->src.push_back(p.en), split->tgt.push_back(p.de);
+      split->src_name = "numbers (English)", split->tgt_name = "numbers (German)";
+    }
+    c.description = "the built-in corpus of number words, English -> German (30000/500/500 pairs)";
+    if (o.data.empty()) c.description += "; for Multi30k run `make data`, then ./train again";
+    return c;
+  }
+  if (!is_dir(dir)) fail("--data " + dir + ": no such folder (run `make data`, or use --data numbers)");
+  for (auto [split, name] : {std::pair{&c.train, "train"}, std::pair{&c.val, "val"}, std::pair{&c.test, "test_2016_flickr"}}) {
+    split->src_name = dir + "/" + name + "." + o.src;
+    split->tgt_name = dir + "/" + name + "." + o.tgt;
+    try {
+      split->src = read_text_lines(split->src_name);
+      split->tgt = read_text_lines(split->tgt_name);
+    } catch (const std::runtime_error& e) {
+      fail(std::string(e.what()) + " (run `make data`)");
+    }
+    if (split->src.size() != split->tgt.size())
+      fail(split->src_name + " has " + std::to_string(split->src.size()) + " lines but " + split->tgt_name + " has " +
+           std::to_string(split->tgt.size()));
+    if (split->src.empty()) fail(split->src_name + " is empty");
+  }
+  c.description = "Multi30k " + o.src + " -> " + o.tgt + " from " + dir + " (" + std::to_string(c.train.src.size()) + "/" +
+                  std::to_string(c.val.src.size()) + "/" + std::to_string(c.test.src.size()) + " pairs)";
+  return c;
+}
+
+struct Pair {
+  std::vector<int> src, tgt;
+  size_t line;  // 0-based line in the split
+};
+
+// Encodes a split; pairs with an empty side or too long for the model are skipped and counted.
+std::vector<Pair> encode_split(const Split& s, const Tokenizer& tok, int max_len, long* empty, long* too_long) {
+  std::vector<Pair> out;
+  for (size_t i = 0; i < s.src.size(); ++i) {
+    Pair p;
+    p.line = i;
+    for (auto [text, ids, name] : {std::tuple{&s.src[i], &p.src, &s.src_name}, std::tuple{&s.tgt[i], &p.tgt, &s.tgt_name}}) {
+      try {
+        *ids = tok.encode(*text);
+      } catch (const InvalidUtf8& e) {
+        fail(*name + ":" + std::to_string(i + 1) + ": " + e.what());
+      }
+    }
+    if (p.src.empty() || p.tgt.empty()) {
+      ++*empty;
+      continue;
+    }
+    if ((int)p.src.size() + 1 > max_len || (int)p.tgt.size() + 1 > max_len) {
+      ++*too_long;
+      continue;
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+// [§5.1] "Sentence pairs were batched together by approximate sequence length": sorted by length, then cut
+// into batches of at most `tokens` source and `tokens` target positions (padding included).
+std::vector<std::vector<int>> length_batches(const std::vector<Pair>& pairs, int tokens) {
+  std::vector<int> order(pairs.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return std::make_pair(pairs[a].src.size(), pairs[a].tgt.size()) < std::make_pair(pairs[b].src.size(), pairs[b].tgt.size());
+  });
+  std::vector<std::vector<int>> batches;
+  std::vector<int> cur;
+  size_t S = 0, T = 0;
+  for (int i : order) {
+    size_t s = std::max(S, pairs[i].src.size() + 1), t = std::max(T, pairs[i].tgt.size() + 1);
+    if (!cur.empty() && (s * (cur.size() + 1) > (size_t)tokens || t * (cur.size() + 1) > (size_t)tokens)) {
+      batches.push_back(cur);
+      cur.clear();
+      s = pairs[i].src.size() + 1, t = pairs[i].tgt.size() + 1;
+    }
+    cur.push_back(i);
+    S = s, T = t;
+  }
+  if (!cur.empty()) batches.push_back(cur);
+  return batches;
+}
+
+Batch to_batch(const std::vector<Pair>& pairs, const std::vector<int>& idx) {
+  std::vector<const std::vector<int>*> s, t;
+  for (int i : idx) s.push_back(&pairs[i].src), t.push_back(&pairs[i].tgt);
+  return make_batch(s, t);
+}
+
+// The batches' order in an epoch: a Fisher-Yates shuffle keyed by (seed, epoch), so a resumed run
+// sees exactly the order the uninterrupted run would have.
+std::vector<int> epoch_order(size_t n, uint64_t seed, long epoch) {
+  std::vector<int> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  const uint64_t key = mix64(mix64(seed ^ 0xBA7C4E5ull) ^ (uint64_t)epoch);
+  for (size_t i = n; i > 1; --i) std::swap(order[i - 1], order[mix64(key + i) % i]);
+  return order;
+}
+
+// ---- evaluation -------------------------------------------------------------------------------------
+
+struct Evaluation {
+  double loss = NAN, bleu = NAN, exact = NAN;  // exact: % of sentences translated exactly
+  int sentences = 0;
+  // Exact match where it is measured (the number corpus, whose German side is one word: BLEU's 2- to
+  // 4-grams do not exist there, so its BLEU is 0 by definition and is not shown); BLEU otherwise.
+  std::string summary() const {
+    char b[128];
+    if (!std::isnan(exact)) std::snprintf(b, sizeof b, "exact match %.1f%% on %d sentences (greedy)", exact, sentences);
+    else std::snprintf(b, sizeof b, "greedy BLEU %.2f on %d sentences", bleu, sentences);
+    return b;
+  }
+};
+
+// Loss over a split (dropout off), then greedy translations of its first `decode` sentences, scored with
+// sacreBLEU's BLEU against the original text; exact match on the number corpus.
+Evaluation evaluate(Transformer<float>& m, const std::vector<Pair>& pairs, const Split& text, const Tokenizer& tok, int tokens,
+                    int decode, bool exact) {
+  Evaluation e;
+  double sum = 0;
+  long n = 0;
+  for (const auto& idx : length_batches(pairs, tokens)) {
+    Batch b = to_batch(pairs, idx);
+    const long k = b.target_tokens();
+    sum += transformer_forward(m, b, false) * k;
+    n += k;
+  }
+  e.loss = n ? sum / n : NAN;
+  const size_t count = std::min(pairs.size(), (size_t)decode);
+  if (count == 0) return e;
+  std::vector<std::vector<int>> src;
+  for (size_t i = 0; i < count; ++i) src.push_back(pairs[i].src);
+  std::vector<std::string> hyps, refs;
+  long right = 0;
+  for (size_t at = 0; at < count; at += 64) {
+    std::vector<std::vector<int>> chunk(src.begin() + at, src.begin() + std::min(count, at + 64));
+    std::vector<Hypothesis> out = greedy_decode(m, chunk, 50);
+    for (size_t j = 0; j < out.size(); ++j) {
+      hyps.push_back(tok.decode(out[j].tokens));
+      refs.push_back(text.tgt[pairs[at + j].line]);
+      right += hyps.back() == Tokenizer::normalise(refs.back());
+    }
+  }
+  e.sentences = (int)count;
+  e.bleu = corpus_bleu(hyps, refs).score;
+  if (exact) e.exact = 100.0 * right / count;
+  return e;
+}
+
+// ---- the log and its picture ------------------------------------------------------------------------
+
+struct LogRow {
+  long step;
+  double epoch, loss, lr, tok_per_s, val_loss, val_bleu, val_exact;
+};
+
+std::string fmt(double x, const char* f = "%.6g") {
+  if (std::isnan(x)) return "";
+  char b[64];
+  std::snprintf(b, sizeof b, f, x);
+  return b;
+}
+
+// Two panels drawn by hand: training and validation loss against steps; validation BLEU (and exact match).
+void write_curves_svg(const std::string& path, const std::vector<LogRow>& rows) {
+  if (rows.empty()) return;
+  const double W = 720, H = 260, L = 60, R = 20, T = 30, B = 40;
+  long max_step = 1;
+  double max_loss = 0;
+  for (const LogRow& r : rows) {
+    max_step = std::max(max_step, r.step);
+    max_loss = std::max({max_loss, r.loss, std::isnan(r.val_loss) ? 0 : r.val_loss});
+  }
+  auto x = [&](long s) { return L + (W - L - R) * s / max_step; };
+  std::string svg = "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"720\" height=\"540\" font-family=\"sans-serif\" font-size=\"11\">\n"
+                    "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  auto panel = [&](double y0, const char* title, double ymax, const std::vector<std::pair<const char*, std::pair<std::string, double LogRow::*>>>& series) {
+    svg += "<text x=\"" + fmt(L) + "\" y=\"" + fmt(y0 + 18) + "\" font-weight=\"bold\">" + title + "</text>\n";
+    svg += "<rect x=\"" + fmt(L) + "\" y=\"" + fmt(y0 + T) + "\" width=\"" + fmt(W - L - R) + "\" height=\"" + fmt(H - T - B) +
+           "\" fill=\"none\" stroke=\"#888\"/>\n";
+    for (int k = 0; k <= 4; ++k) {
+      double v = ymax * k / 4, yy = y0 + H - B - (H - T - B) * k / 4;
+      svg += "<text x=\"" + fmt(L - 4) + "\" y=\"" + fmt(yy + 4) + "\" text-anchor=\"end\">" + fmt(v, "%.3g") + "</text>\n";
+    }
+    svg += "<text x=\"" + fmt(W - R) + "\" y=\"" + fmt(y0 + H - B + 16) + "\" text-anchor=\"end\">step " + std::to_string(max_step) + "</text>\n";
+    int legend = 0;
+    for (const auto& [name, spec] : series) {
+      std::string pts;
+      for (const LogRow& r : rows) {
+        double v = r.*(spec.second);
+        if (std::isnan(v)) continue;
+        pts += fmt(x(r.step), "%.1f") + "," + fmt(y0 + H - B - (H - T - B) * std::min(v, ymax) / ymax, "%.1f") + " ";
+      }
+      if (pts.empty()) continue;
+      svg += "<polyline fill=\"none\" stroke=\"" + spec.first + "\" stroke-width=\"1.5\" points=\"" + pts + "\"/>\n";
+      svg += "<text x=\"" + fmt(L + 200 + 120 * legend++) + "\" y=\"" + fmt(y0 + 18) + "\" fill=\"" + spec.first + "\">" + name + "</text>\n";
+    }
+  };
+  panel(0, "loss", max_loss > 0 ? max_loss : 1, {{"train loss", {"#1f77b4", &LogRow::loss}}, {"validation loss", {"#d62728", &LogRow::val_loss}}});
+  panel(270, "validation (%)", 100, {{"BLEU", {"#2ca02c", &LogRow::val_bleu}}, {"exact match", {"#9467bd", &LogRow::val_exact}}});
+  svg += "</svg>\n";
+  std::ofstream f(path + ".tmp");
+  f << svg;
+  if (!f.flush()) fail("cannot write " + path);
+  f.close();
+  std::rename((path + ".tmp").c_str(), path.c_str());
+}
+
+// ---- checkpoints in the run folder --------------------------------------------------------------------
+
+std::vector<std::string> list_checkpoints(const std::string& dir) {
+  std::vector<std::string> names;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      std::string n = e->d_name;
+      if (n.rfind("ckpt-", 0) == 0 && n.size() > 9 && n.compare(n.size() - 4, 4, ".bin") == 0) names.push_back(dir + "/" + n);
+    }
+    closedir(d);
+  }
+  std::sort(names.begin(), names.end());  // ckpt-%010ld.bin: by step
+  return names;
+}
+
+bool all_finite(const std::vector<float>& v) {
+  for (float x : v)
+    if (!std::isfinite(x)) return false;
+  return true;
+}
+
+// Writes DIR/ckpt-STEP.bin, points DIR/model.bin at it, keeps the newest `keep`.
+std::string save_checkpoint(const std::string& dir, const Transformer<float>& m, uint64_t vocab_hash, const TrainState& st, int keep) {
+  char name[64];
+  std::snprintf(name, sizeof name, "ckpt-%010ld.bin", m.step);
+  const std::string path = dir + "/" + name;
+  checkpoint_save(path, m, vocab_hash, &st);
+  const std::string link = dir + "/model.bin", tmp = link + ".tmp";
+  std::remove(tmp.c_str());
+  if (symlink(name, tmp.c_str()) != 0 || std::rename(tmp.c_str(), link.c_str()) != 0)
+    fail("cannot update " + link + ": " + std::strerror(errno));
+  std::vector<std::string> all = list_checkpoints(dir);
+  for (size_t i = 0; i + keep < all.size(); ++i) std::remove(all[i].c_str());
+  return path;
+}
+
+volatile std::sig_atomic_t interrupted = 0;
+void on_interrupt(int) {
+  interrupted = 1;
+  std::signal(SIGINT, SIG_DFL);  // a second Ctrl-C stops at once
+}
+
+std::string clock_text(double s) {
+  if (!std::isfinite(s) || s < 0) return "--:--";
+  char b[32];
+  long t = (long)s;
+  if (t >= 3600) std::snprintf(b, sizeof b, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+  else std::snprintf(b, sizeof b, "%02ld:%02ld", t / 60, t % 60);
+  return b;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o = parse(argc, argv);
+  if (o.device == "cuda") fail("--device cuda: this build has no GPU training path yet; use --device cpu");
+  Corpus corpus = load_corpus(o);
+  Config cfg = build_config(o, corpus.numbers);
+  if (o.out.empty()) o.out = corpus.numbers ? "runs/numbers" : "runs/multi30k-" + o.src + "-" + o.tgt;
+  if (o.merges < 0) o.merges = corpus.numbers ? 60 : 8000;
+  if (o.batch_tokens < 0) o.batch_tokens = cfg.D <= 64 ? 1024 : 4096;
+  if (o.time_limit < 0 && corpus.numbers && o.epochs < 0 && o.max_steps < 0) o.time_limit = 175;
+  if (o.epochs < 0) o.epochs = corpus.numbers ? 1000000 : 40;
+  if (o.val_sentences < 0) o.val_sentences = corpus.numbers ? 500 : 500;
+
+  // the vocabulary: given, kept from the run being resumed, or learned on the training text (§5.1)
+  const std::string vocab_path = o.out + "/vocab.bpe";
+  if (!o.bpe_only) {
+    std::string cmd = "mkdir -p '" + o.out + "'";
+    if (std::system(cmd.c_str()) != 0 || !is_dir(o.out) || access(o.out.c_str(), W_OK) != 0) fail("cannot write to --out " + o.out);
+  }
+  Tokenizer tok;
+  try {
+    if (!o.vocab.empty()) tok = Tokenizer::load(o.vocab);
+    else if (o.resume) tok = Tokenizer::load(vocab_path);
+    else {
+      auto t0 = std::chrono::steady_clock::now();
+      std::vector<std::string> text = corpus.train.src;
+      text.insert(text.end(), corpus.train.tgt.begin(), corpus.train.tgt.end());
+      tok = Tokenizer::learn(text, o.merges);
+      std::printf("BPE: %d merges learned on the training text (source and target) in %.1f s: vocabulary of %d\n",
+                  tok.merge_count(), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), tok.vocab_size());
+    }
+    if (o.bpe_only) {
+      for (const std::string& line : read_text_lines("-")) {
+        std::string out;
+        for (const std::string& p : tok.pieces(line)) out += (out.empty() ? "" : " ") + p;
+        std::printf("%s\n", out.c_str());
+      }
+      return 0;
+    }
+    if (o.vocab.empty() && !o.resume) tok.save(vocab_path);
+    else if (!o.vocab.empty()) tok.save(vocab_path);  // the run folder always holds its vocabulary
+  } catch (const std::exception& e) {
+    fail(e.what());
+  }
+  cfg.V = tok.vocab_size();
+  try {
+    cfg.validate();
+  } catch (const std::invalid_argument& e) {
+    fail(std::string("configuration: ") + e.what());
+  }
+
+  long empty = 0, too_long = 0, skipped_eval = 0;
+  std::vector<Pair> train = encode_split(corpus.train, tok, cfg.max_len, &empty, &too_long);
+  std::vector<Pair> val = encode_split(corpus.val, tok, cfg.max_len, &skipped_eval, &skipped_eval);
+  std::vector<Pair> test = encode_split(corpus.test, tok, cfg.max_len, &skipped_eval, &skipped_eval);
+  if (train.empty()) fail("no training pairs left after skipping empty and over-long ones");
+  std::printf("data: %s\n", corpus.description.c_str());
+  std::printf("data: %zu training pairs (skipped %ld with an empty side, %ld longer than %d tokens)\n", train.size(), empty,
+              too_long, cfg.max_len - 1);
+
+  // the model: new, or resumed
+  std::unique_ptr<Transformer<float>> model;
+  TrainState st;
+  if (o.resume) {
+    CheckpointMeta meta;
+    try {
+      model = checkpoint_load(o.out + "/model.bin", &meta);
+    } catch (const std::exception& e) {
+      fail(std::string("--resume: ") + e.what());
+    }
+    if (!meta.has_adam) fail("--resume: " + o.out + "/model.bin has no optimizer state (an averaged model?)");
+    if (meta.vocab_hash != tok.hash()) fail("--resume: the checkpoint was trained with another vocabulary than " + vocab_path);
+    std::string diff = config_difference(model->cfg, cfg);
+    if (!diff.empty()) fail("--resume: the checkpoint has another configuration (" + diff + ")");
+    if (model->seed != o.seed) fail("--resume: the checkpoint was trained with --seed " + std::to_string(model->seed));
+    st = meta.train;
+    std::printf("resumed from %s at step %ld (epoch %ld, batch %ld)\n", (o.out + "/model.bin").c_str(), model->step, st.epoch, st.batch);
+  } else {
+    model = std::make_unique<Transformer<float>>(cfg, o.seed);
+  }
+  Transformer<float>& m = *model;
+  std::printf("model: N=%d D=%d F=%d H=%d V=%d, %s, %.2fM parameters, dropout %.2f, label smoothing %.2f, device %s\n", cfg.N,
+              cfg.D, cfg.F, cfg.H, cfg.V, cfg.pre_ln ? "pre-LN" : "post-LN", m.params.size() / 1e6, cfg.p_drop, cfg.eps_ls,
+              o.device.c_str());
+
+  const std::vector<std::vector<int>> batches = length_batches(train, o.batch_tokens);
+  std::printf("batches: %zu per epoch, about %d source and %d target tokens each [§5.1]; run folder %s\n", batches.size(),
+              o.batch_tokens, o.batch_tokens, o.out.c_str());
+
+  // the log: rows of an interrupted run before the resume point are kept
+  const std::string csv_path = o.out + "/log.csv";
+  std::vector<LogRow> rows;
+  if (o.resume) {
+    std::ifstream in(csv_path);
+    std::string line;
+    std::getline(in, line);
+    while (std::getline(in, line)) {
+      LogRow r{};
+      double v[8];
+      std::string cell;
+      size_t at = 0;
+      for (int k = 0; k < 8; ++k) {
+        size_t comma = line.find(',', at);
+        cell = line.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+        v[k] = cell.empty() ? NAN : std::atof(cell.c_str());
+        at = comma == std::string::npos ? line.size() : comma + 1;
+      }
+      r = {(long)v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]};
+      if (r.step <= m.step) rows.push_back(r);
+    }
+  }
+  auto write_csv = [&]() {
+    std::ofstream f(csv_path + ".tmp");
+    f << "step,epoch,loss,lr,tokens_per_s,val_loss,val_bleu,val_exact_match\n";
+    for (const LogRow& r : rows)
+      f << r.step << "," << fmt(r.epoch, "%.4f") << "," << fmt(r.loss, "%.17g") << "," << fmt(r.lr, "%.6g") << "," << fmt(r.tok_per_s, "%.0f")
+        << "," << fmt(r.val_loss, "%.6g") << "," << fmt(r.val_bleu, "%.2f") << "," << fmt(r.val_exact, "%.2f") << "\n";
+    if (!f.flush()) fail("cannot write " + csv_path);
+    f.close();
+    std::rename((csv_path + ".tmp").c_str(), csv_path.c_str());
+  };
+
+  std::signal(SIGINT, on_interrupt);
+  const bool tty = isatty(fileno(stderr)) && !o.quiet;
+  const auto start = std::chrono::steady_clock::now();
+  const double elapsed0 = st.elapsed;
+  const long first_step = m.step;
+  auto elapsed = [&]() { return elapsed0 + std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  auto last_checkpoint = std::chrono::steady_clock::now();
+  auto last_print = std::chrono::steady_clock::now() - std::chrono::hours(1);
+  const long total_steps = o.epochs * (long)batches.size();
+  const long step_limit = o.max_steps > 0 ? std::min(o.max_steps, total_steps) : total_steps;
+  double window_tokens = 0, window_seconds = 0;
+  std::string last_good;
+  auto validate = [&](LogRow& row) {
+    Evaluation e = evaluate(m, val, corpus.val, tok, o.batch_tokens, o.val_sentences, corpus.numbers);
+    row.val_loss = e.loss, row.val_bleu = e.bleu, row.val_exact = e.exact;
+    if (tty) std::fprintf(stderr, "\r\033[K");
+    std::printf("validation at step %ld: loss %.4f, %s\n", m.step, e.loss, e.summary().c_str());
+    std::fflush(stdout);
+  };
+  auto stop_reason = [&]() -> std::string {
+    if (interrupted) return "interrupted (Ctrl-C)";
+    if (m.step >= step_limit) return o.max_steps > 0 && o.max_steps <= total_steps ? "--max-steps reached" : "--epochs reached";
+    if (o.time_limit > 0 && elapsed() >= o.time_limit) return "--time-limit reached";
+    return "";
+  };
+
+  std::string reason = stop_reason();
+  while (reason.empty()) {
+    const std::vector<int> order = epoch_order(batches.size(), o.seed, st.epoch);
+    for (; st.batch < (long)batches.size() && reason.empty(); ) {
+      const auto t0 = std::chrono::steady_clock::now();
+      Batch b = to_batch(train, batches[order[st.batch]]);
+      zero_grad(m);
+      const double loss = transformer_forward(m, b, true);
+      if (!std::isfinite(loss)) {
+        if (tty) std::fprintf(stderr, "\n");
+        fail("the loss is " + fmt(loss) + " at step " + std::to_string(m.step + 1) + ": training stopped; the last good checkpoint (" +
+             (last_good.empty() ? "none written in this run" : last_good) + ") is kept. Try a lower --lr-scale or a longer --warmup");
+      }
+      transformer_backward(m, b, true);
+      const double lr = transformer_update(m);
+      st.batch += 1;
+      st.tokens += b.target_tokens();
+      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      window_tokens += b.target_tokens(), window_seconds += dt;
+      LogRow row{m.step, st.epoch + (double)st.batch / batches.size(), loss, lr, window_tokens / window_seconds, NAN, NAN, NAN};
+      const bool epoch_end = st.batch == (long)batches.size();
+      if (o.val_every > 0 ? m.step % o.val_every == 0 : epoch_end) validate(row);
+      if (m.step % o.log_every == 0 || !std::isnan(row.val_loss)) rows.push_back(row);
+      if (epoch_end) st.epoch += 1, st.batch = 0;
+      reason = stop_reason();
+      // progress: in place on a terminal, a plain line every 10 s otherwise
+      const auto now = std::chrono::steady_clock::now();
+      if (!o.quiet && (tty || now - last_print > std::chrono::seconds(10) || !reason.empty())) {
+        const double el = elapsed();
+        double eta = (step_limit - m.step) * (el - elapsed0) / std::max(1L, m.step - first_step);
+        if (o.time_limit > 0) eta = std::min(eta, o.time_limit - el);
+        std::fprintf(stderr, "%sstep %ld | epoch %.2f | loss %.4f | lr %.2e | %.0f tok/s | %s elapsed | ETA %s%s", tty ? "\r\033[K" : "",
+                     m.step, row.epoch, loss, lr, row.tok_per_s, clock_text(el).c_str(), clock_text(eta).c_str(), tty ? "" : "\n");
+        last_print = now;
+        window_tokens = window_seconds = 0;
+      }
+      if (std::chrono::duration<double>(now - last_checkpoint).count() > o.checkpoint_minutes * 60 && reason.empty()) {
+        st.elapsed = elapsed();
+        if (!all_finite(m.params)) fail("a parameter is not finite at step " + std::to_string(m.step) + ": training stopped; " + last_good + " is kept");
+        last_good = save_checkpoint(o.out, m, tok.hash(), st, o.keep);
+        write_csv();
+        last_checkpoint = now;
+      }
+    }
+  }
+  if (tty) std::fprintf(stderr, "\n");
+  st.elapsed = elapsed();
+  std::printf("stopped: %s at step %ld (epoch %.2f) after %s\n", reason.c_str(), m.step, st.epoch + (double)st.batch / batches.size(),
+              clock_text(st.elapsed).c_str());
+  if (!all_finite(m.params)) fail("a parameter is not finite: the final checkpoint was not written; " + last_good + " is kept");
+  last_good = save_checkpoint(o.out, m, tok.hash(), st, o.keep);
+  if (rows.empty() || std::isnan(rows.back().val_loss)) {  // the final figures on the validation split
+    LogRow row{m.step, st.epoch + (double)st.batch / batches.size(), NAN, NAN, NAN, NAN, NAN, NAN};
+    if (!rows.empty()) row.loss = rows.back().loss, row.lr = rows.back().lr, row.tok_per_s = rows.back().tok_per_s;
+    validate(row);
+    rows.push_back(row);
+  }
+  write_csv();
+  write_curves_svg(o.out + "/curves.svg", rows);
+  std::printf("checkpoint %s (%s/model.bin), log %s, curves %s/curves.svg\n", last_good.c_str(), o.out.c_str(), csv_path.c_str(), o.out.c_str());
+  if (interrupted) return 0;
+
+  if (o.average > 0) {  // [§6] average the last checkpoints
+    std::vector<std::string> all = list_checkpoints(o.out);
+    std::vector<std::string> last(all.end() - std::min((size_t)o.average, all.size()), all.end());
+    try {
+      int n = checkpoint_average(last, o.out + "/averaged.bin");
+      std::printf("averaged the last %d checkpoints into %s/averaged.bin [§6]\n", n, o.out.c_str());
+    } catch (const std::exception& e) {
+      fail(e.what());
+    }
+  }
+  Evaluation e = evaluate(m, test, corpus.test, tok, o.batch_tokens, INT32_MAX, corpus.numbers);
+  std::printf("test: loss %.4f, %s\n", e.loss, e.summary().c_str());
+  return 0;
+}
