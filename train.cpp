@@ -18,7 +18,6 @@
 #include <numeric>
 #include <string>
 #include <sys/stat.h>
-#include <tuple>
 #include <unistd.h>
 #include <vector>
 
@@ -143,7 +142,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--seed") o.seed = (uint64_t)to_long(a, value(), 0, LONG_MAX);
     else if (a == "--out") o.out = value();
     else if (a == "--resume") o.resume = true;
-    else if (a == "--checkpoint-every") o.checkpoint_minutes = to_double(a, value(), 0.01, 1e6);
+    else if (a == "--checkpoint-every") o.checkpoint_minutes = to_double(a, value(), 0.001, 1e6);
     else if (a == "--keep") o.keep = (int)to_long(a, value(), 1, 1000);
     else if (a == "--average") o.average = (int)to_long(a, value(), 1, 1000);
     else if (a == "--val-every") o.val_every = to_long(a, value(), 1, LONG_MAX);
@@ -217,6 +216,14 @@ Corpus load_corpus(const Options& o) {
     } catch (const std::runtime_error& e) {
       fail(std::string(e.what()) + " (run `make data`)");
     }
+    for (auto [lines, name] : {std::pair{&split->src, &split->src_name}, std::pair{&split->tgt, &split->tgt_name}})
+      for (size_t i = 0; i < lines->size(); ++i) {
+        try {
+          Tokenizer::normalise((*lines)[i]);
+        } catch (const InvalidUtf8& e) {
+          fail(*name + ":" + std::to_string(i + 1) + ": " + e.what());
+        }
+      }
     if (split->src.size() != split->tgt.size())
       fail(split->src_name + " has " + std::to_string(split->src.size()) + " lines but " + split->tgt_name + " has " +
            std::to_string(split->tgt.size()));
@@ -238,13 +245,8 @@ std::vector<Pair> encode_split(const Split& s, const Tokenizer& tok, int max_len
   for (size_t i = 0; i < s.src.size(); ++i) {
     Pair p;
     p.line = i;
-    for (auto [text, ids, name] : {std::tuple{&s.src[i], &p.src, &s.src_name}, std::tuple{&s.tgt[i], &p.tgt, &s.tgt_name}}) {
-      try {
-        *ids = tok.encode(*text);
-      } catch (const InvalidUtf8& e) {
-        fail(*name + ":" + std::to_string(i + 1) + ": " + e.what());
-      }
-    }
+    p.src = tok.encode(s.src[i]);  // the text is valid UTF-8: load_corpus checked every line
+    p.tgt = tok.encode(s.tgt[i]);
     if (p.src.empty() || p.tgt.empty()) {
       ++*empty;
       continue;
@@ -476,8 +478,11 @@ int main(int argc, char** argv) {
   // the vocabulary: given, kept from the run being resumed, or learned on the training text (§5.1)
   const std::string vocab_path = o.out + "/vocab.bpe";
   if (!o.bpe_only) {
-    std::string cmd = "mkdir -p '" + o.out + "'";
-    if (std::system(cmd.c_str()) != 0 || !is_dir(o.out) || access(o.out.c_str(), W_OK) != 0) fail("cannot write to --out " + o.out);
+    for (size_t at = 0; at != std::string::npos;) {  // mkdir -p
+      at = o.out.find('/', at + 1);
+      mkdir(o.out.substr(0, at).c_str(), 0777);
+    }
+    if (!is_dir(o.out) || access(o.out.c_str(), W_OK) != 0) fail("cannot write to --out " + o.out + ": " + std::strerror(errno));
   }
   Tokenizer tok;
   try {

@@ -1,0 +1,99 @@
+// checkpoint: the checkpoint file (transformer.h, "checkpoints"): a round trip keeps the configuration,
+// every parameter, Adam's state, the step, seed and training state bit for bit; averaging (§6) gives the
+// element-wise mean; a corrupted, truncated, foreign or other-version file is refused with a message.
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+
+#include "../transformer.h"
+#include "check.h"
+
+static std::string slurp(const std::string& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+static void spit(const std::string& p, const std::string& s) { std::ofstream(p, std::ios::binary) << s; }
+
+// true when loading fails with a message containing `expect`
+static bool refused(const std::string& path, const std::string& expect) {
+  try {
+    checkpoint_load(path, nullptr);
+  } catch (const std::runtime_error& e) {
+    if (std::string(e.what()).find(expect) != std::string::npos) return true;
+    std::fprintf(stderr, "message '%s' lacks '%s'\n", e.what(), expect.c_str());
+  }
+  return false;
+}
+
+int main() {
+  Checker ck("checkpoint");
+  Config c = config_preset("tiny");
+  c.V = 50, c.N = 1, c.pre_ln = true;
+  Transformer<float> a(c, 7), b(c, 8);
+  for (size_t i = 0; i < a.params.size(); ++i) a.adam_m[i] = 0.5f * i, a.adam_v[i] = 1.0f / (1 + i);
+  a.step = 123;
+  TrainState st{4, 17, 12.5, 9999};
+  const std::string p = "checkpoint_test_a.bin", q = "checkpoint_test_b.bin", r = "checkpoint_test_avg.bin", bad = "checkpoint_test_bad.bin";
+  checkpoint_save(p, a, 0xABCDEF, &st);
+  CheckpointMeta meta;
+  auto back = checkpoint_load(p, &meta);
+  ck.expect(config_difference(back->cfg, a.cfg).empty(), "configuration changed: %s", config_difference(back->cfg, a.cfg).c_str());
+  ck.expect(back->params == a.params && back->adam_m == a.adam_m && back->adam_v == a.adam_v, "parameters or Adam state changed");
+  ck.expect(back->step == 123 && back->seed == 7 && meta.step == 123 && meta.has_adam, "step or seed changed");
+  ck.expect(meta.vocab_hash == 0xABCDEF, "vocabulary hash changed");
+  ck.expect(meta.train.epoch == 4 && meta.train.batch == 17 && meta.train.elapsed == 12.5 && meta.train.tokens == 9999, "training state changed");
+
+  // [§6] averaging
+  b.step = 200;
+  checkpoint_save(q, b, 0xABCDEF, &st);
+  ck.expect(checkpoint_average({p, q}, r) == 2, "averaged two checkpoints");
+  CheckpointMeta avg_meta;
+  auto avg = checkpoint_load(r, &avg_meta);
+  for (size_t i = 0; i < a.params.size(); ++i)
+    ck.close(avg->params[i], ((double)a.params[i] + b.params[i]) / 2, 1e-7, 1e-12, "averaged parameter");  // rounding to float: <= 2^-24
+  ck.expect(!avg_meta.has_adam && avg_meta.step == 200, "the average has no Adam state and the newest step");
+  Config other = c;
+  other.pre_ln = false;
+  Transformer<float> o(other, 1);
+  checkpoint_save(bad, o, 0xABCDEF, nullptr);
+  bool threw = false;
+  try {
+    checkpoint_average({p, bad}, r);
+  } catch (const std::runtime_error& e) {
+    threw = std::string(e.what()).find("pre_ln") != std::string::npos;
+  }
+  ck.expect(threw, "averaging checkpoints of different configurations is refused, naming the field");
+  checkpoint_save(bad, b, 0x123, nullptr);
+  threw = false;
+  try {
+    checkpoint_average({p, bad}, r);
+  } catch (const std::runtime_error& e) {
+    threw = std::string(e.what()).find("vocabulary") != std::string::npos;
+  }
+  ck.expect(threw, "averaging checkpoints of different vocabularies is refused");
+
+  // bad files
+  const std::string good = slurp(p);
+  ck.expect(refused("no_such_checkpoint.bin", "cannot read"), "a missing file");
+  spit(bad, good.substr(0, good.size() / 2));
+  ck.expect(refused(bad, "truncated"), "a truncated file");
+  spit(bad, good.substr(0, 20));
+  ck.expect(refused(bad, "truncated"), "a file cut inside the header");
+  std::string flipped = good;
+  flipped[good.size() / 2] ^= 1;
+  spit(bad, flipped);
+  ck.expect(refused(bad, "checksum"), "a flipped bit");
+  spit(bad, "PK\x03\x04 this is a zip file, not a checkpoint at all.......");
+  ck.expect(refused(bad, "not a checkpoint"), "a foreign file");
+  std::string version = good;
+  version[8] = 99;
+  spit(bad, version);
+  ck.expect(refused(bad, "version 99"), "another format version");
+  spit(bad, "");
+  ck.expect(refused(bad, "not a checkpoint"), "an empty file");
+  ck.expect(config_difference(c, c).empty() && config_difference(c, other) == "pre_ln 1 vs 0", "config_difference names the field");
+  for (const std::string& f : {p, q, r, bad}) std::remove(f.c_str());
+  return ck.finish();
+}

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# train_cli: ./train end to end on the built-in corpus, on the CPU.
+#   1. a short run's loss falls below a threshold derived from the vocabulary (below);
+#   2. resume determinism: 40 steps straight == 20 steps, --resume, 20 more (losses identical, bit for bit);
+#   3. Ctrl-C writes a checkpoint and exits 0; --average writes a model ./translate can use;
+#   4. bad input: one clear line and a non-zero exit.
+# Usage: train_cli.sh ROOT
+set -u
+root="$(cd "$1" && pwd)"
+train="$root/train"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+fails=0 checks=0
+check() {  # check DESCRIPTION COMMAND...
+  local what="$1"; shift
+  checks=$((checks + 1))
+  if ! "$@"; then echo "FAIL train_cli: $what"; fails=$((fails + 1)); fi
+}
+# expect_error DESCRIPTION PATTERN COMMAND...: non-zero exit, one line on stderr matching PATTERN
+expect_error() {
+  local what="$1" pattern="$2"; shift 2
+  checks=$((checks + 1))
+  "$@" > out.txt 2> err.txt
+  local rc=$? lines
+  lines=$(wc -l < err.txt)
+  if [ $rc -eq 0 ] || ! grep -q -- "$pattern" err.txt || [ "$lines" -ne 1 ]; then
+    echo "FAIL train_cli: $what (exit $rc, $lines stderr lines, want /$pattern/):"; cat err.txt
+    fails=$((fails + 1))
+  fi
+}
+common=(--data numbers --quiet --val-every 1000000 --val-sentences 50)
+
+# 1. The loss must end well below chance. With V tokens and label smoothing eps the loss cannot go
+#    below the entropy of the smoothed target, H = -(1-eps) ln(1-eps) - eps ln(eps/(V-1)), and a model
+#    that has learnt nothing scores about ln V. Threshold: halfway between them, after 150 steps.
+"$train" "${common[@]}" --max-steps 150 --out short > short.log 2>&1
+check "short run exits 0" grep -q "stopped: --max-steps reached at step 150" short.log
+V=$(sed -n 's/.* V=\([0-9]*\),.*/\1/p' short.log)
+final=$(awk -F, '$1 == 150 { print $3; exit }' short/log.csv)
+read -r threshold floor <<< "$(awk -v V="$V" 'BEGIN { e = 0.1; h = -(1-e)*log(1-e) - e*log(e/(V-1)); print h + 0.5*(log(V) - h), h }')"
+echo "short run: V=$V, loss at step 150 = $final, threshold $threshold (floor $floor, chance $(awk -v V="$V" 'BEGIN{print log(V)}'))"
+check "loss $final below threshold $threshold" awk -v a="$final" -v b="$threshold" 'BEGIN { exit !(a != "" && a < b) }'
+
+# 2. Resume determinism
+"$train" "${common[@]}" --seed 3 --max-steps 40 --out straight > /dev/null 2>&1
+"$train" "${common[@]}" --seed 3 --max-steps 20 --out resumed > /dev/null 2>&1
+"$train" "${common[@]}" --seed 3 --max-steps 40 --out resumed --resume > resumed.log 2>&1
+check "resume announces step 20" grep -q "resumed from .* at step 20" resumed.log
+losses() { awk -F, 'NR > 1 && !seen[$1]++ && $3 != "" { print $1, $3 }' "$1/log.csv"; }
+check "40 logged losses" test "$(losses straight | wc -l)" -eq 40
+if losses straight | cmp -s - <(losses resumed); then
+  echo "resume determinism: 40 losses identical (last: $(losses straight | tail -1))"
+else
+  check "losses after resuming equal those of the uninterrupted run" false
+  diff <(losses straight) <(losses resumed) | head -5
+fi
+
+# 3. Ctrl-C, averaging
+"$train" "${common[@]}" --time-limit 60 --checkpoint-every 0.01 --average 3 --out interrupted > int.log 2>&1 &
+pid=$!
+sleep 4
+kill -INT $pid
+wait $pid
+rc=$?
+check "Ctrl-C exits 0 (got $rc)" test $rc -eq 0
+check "Ctrl-C is reported" grep -q "interrupted (Ctrl-C)" int.log
+check "Ctrl-C leaves a checkpoint" test -e interrupted/model.bin
+"$train" "${common[@]}" --max-steps 30 --checkpoint-every 0.002 --average 3 --out averaged > avg.log 2>&1
+check "averaging is reported" grep -q "averaged the last 3 checkpoints" avg.log
+check "the averaged model translates" sh -c "echo 'twenty-one' | '$root/translate' -m averaged/averaged.bin --vocab averaged/vocab.bpe > /dev/null"
+check "log.csv and curves.svg written" test -s averaged/log.csv -a -s averaged/curves.svg
+check "curves.svg is an SVG" grep -q "<polyline" averaged/curves.svg
+
+# 4. Bad input
+mkdir -p bad
+printf 'a b\nc d\ne f\n' > bad/train.en; printf 'x y\nz w\n' > bad/train.de
+for s in val test_2016_flickr; do printf 'a\n' > bad/$s.en; printf 'b\n' > bad/$s.de; done
+expect_error "source and target of different lengths" "has 3 lines but .*train.de has 2" "$train" --data bad --out badrun
+expect_error "missing data folder" "no such folder" "$train" --data no/such/dir --out badrun
+expect_error "missing file" "cannot read .*train.fr" "$train" --data bad --tgt fr --out badrun
+printf 'a b\nc \xff d\ne f\n' > bad/train.de
+expect_error "invalid UTF-8 names file and line" "train.de:2: invalid UTF-8 at byte 2" "$train" --data bad --out badrun
+{ printf 'a b\n\n'; printf 'word%.0s ' {1..80}; printf '\n'; } > bad/train.de
+"$train" --data bad --out badrun --max-steps 1 --quiet --config tiny --max-len 16 > skip.log 2>&1
+check "empty and over-long pairs are skipped and counted" grep -q "skipped 1 with an empty side, 1 longer than 15 tokens" skip.log
+expect_error "unwritable --out" "cannot write to --out" "$train" "${common[@]}" --max-steps 1 --out /proc/no/such
+expect_error "resume with another configuration" "another configuration (N 2 vs 3)" "$train" "${common[@]}" --max-steps 41 --out resumed --resume --layers 3
+cp short/vocab.bpe resumed/vocab.bpe.other
+"$train" "${common[@]}" --merges 10 --max-steps 1 --out othervocab > /dev/null 2>&1
+cp othervocab/vocab.bpe resumed/vocab.bpe
+expect_error "resume with another vocabulary" "another vocabulary" "$train" "${common[@]}" --max-steps 41 --out resumed --resume
+expect_error "unknown option" "unknown option '--bogus'" "$train" --bogus
+expect_error "bad number" "--max-steps needs an integer" "$train" --max-steps -5
+expect_error "--device cuda without a GPU path" "no GPU training path" "$train" --device cuda
+check "--help lists the options with defaults" sh -c "'$train' --help | grep -q -- '--batch-tokens N .*default 4096'"
+
+echo "train_cli: $checks checks, $fails failed"
+[ $fails -eq 0 ]

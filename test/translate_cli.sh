@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# translate_cli: ./translate end to end with a model trained here for a few seconds on the built-in corpus.
+#   order and empty lines kept; greedy == beam 1; n-best lists; attention SVG; --score prints what the
+#   library computes (the golden line of bleu_golden); bad input: one clear line and a non-zero exit.
+# Usage: translate_cli.sh ROOT
+set -u
+root="$(cd "$1" && pwd)"
+translate="$root/translate"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+fails=0 checks=0
+check() {
+  local what="$1"; shift
+  checks=$((checks + 1))
+  if ! "$@"; then echo "FAIL translate_cli: $what"; fails=$((fails + 1)); fi
+}
+expect_error() {
+  local what="$1" pattern="$2"; shift 2
+  checks=$((checks + 1))
+  "$@" > out.txt 2> err.txt
+  local rc=$? lines
+  lines=$(wc -l < err.txt)
+  if [ $rc -eq 0 ] || ! grep -q -- "$pattern" err.txt || [ "$lines" -ne 1 ]; then
+    echo "FAIL translate_cli: $what (exit $rc, $lines stderr lines, want /$pattern/):"; cat err.txt
+    fails=$((fails + 1))
+  fi
+}
+"$root/train" --data numbers --quiet --max-steps 300 --val-every 1000000 --val-sentences 10 --out run > train.log 2>&1 ||
+  { echo "translate_cli: training the test model failed"; cat train.log; exit 1; }
+m=(-m run/model.bin)
+
+printf 'three hundred and twenty-four\n\nseventy-one\n\n\nnine\n' > in.txt
+"$translate" "${m[@]}" < in.txt > beam.txt
+check "one output line per input line" test "$(wc -l < beam.txt)" -eq 6
+check "empty lines stay empty, in place" test "$(sed -n '2p;4p;5p' beam.txt | tr -d '\n')" = ""
+check "non-empty lines are translated" test -n "$(sed -n 1p beam.txt)" -a -n "$(sed -n 6p beam.txt)"
+"$translate" "${m[@]}" --greedy -i in.txt -o greedy.txt
+"$translate" "${m[@]}" --beam 1 -i in.txt -o beam1.txt
+check "beam 1 equals greedy" cmp -s greedy.txt beam1.txt
+"$translate" "${m[@]}" --n-best 3 < in.txt > nbest.txt
+check "n-best: 3 hypotheses per non-empty line, one per empty line" test "$(wc -l < nbest.txt)" -eq 12
+check "n-best lines are 'LINE ||| text ||| score ||| logprob'" grep -q '^1 ||| .* ||| -[0-9.e-]* ||| -[0-9.e-]*$' nbest.txt
+"$translate" "${m[@]}" --attention att.svg < in.txt > /dev/null 2> att.log
+check "attention SVG written with every map" test "$(grep -c 'attention, layer' att.svg)" -eq 24
+# --score equals the library call (bleu_golden checks the library prints this very line)
+golden="$root/../shared/golden/bleu"
+if [ -f "$golden/hyp_small_test2016.de" ] && [ -f "$root/../shared/data/multi30k/test_2016_flickr.de.gz" ]; then
+  gzip -dc "$root/../shared/data/multi30k/test_2016_flickr.de.gz" > ref.de
+  "$translate" --score "$golden/hyp_small_test2016.de" --ref ref.de > score.txt
+  check "--score prints sacreBLEU's line" test "$(sed -n 1p score.txt)" = "BLEU = 33.93 63.0/39.7/27.6/19.2 (BP = 1.000 ratio = 1.059 hyp_len = 12816 ref_len = 12106)"
+  check "--score prints the signature" test "$(sed -n 2p score.txt)" = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp"
+fi
+"$translate" "${m[@]}" -i in.txt --ref in.txt > /dev/null 2> bleu.log
+check "--ref prints BLEU on stderr" grep -q "^BLEU = " bleu.log
+
+# bad input
+printf 'nine\nbad \xff line\n' > bad.txt
+expect_error "invalid UTF-8 names the line" "stdin:2: invalid UTF-8 at byte 4" "$translate" "${m[@]}" < bad.txt
+check "nothing written on invalid input" test ! -s out.txt
+expect_error "missing checkpoint" "cannot read checkpoint" "$translate" -m nope.bin
+head -c 1000 run/model.bin > truncated.bin
+expect_error "truncated checkpoint" "truncated" "$translate" -m truncated.bin --vocab run/vocab.bpe
+echo "not a model" > foreign.bin
+expect_error "foreign file" "not a checkpoint" "$translate" -m foreign.bin --vocab run/vocab.bpe
+"$root/train" --data numbers --quiet --merges 20 --max-steps 1 --val-sentences 1 --out other > /dev/null 2>&1
+expect_error "vocabulary of another model" "not the vocabulary" "$translate" "${m[@]}" --vocab other/vocab.bpe
+expect_error "--score without --ref" "--score needs --ref" "$translate" --score in.txt
+printf 'a\n' > one.txt
+expect_error "--score with different line counts" "has 6 lines but one.txt has 1" "$translate" --score in.txt --ref one.txt
+expect_error "--n-best above --beam" "--n-best must be between 1 and --beam" "$translate" "${m[@]}" --n-best 5
+long=$(printf 'nine %.0s' {1..100})
+echo "$long" | "$translate" "${m[@]}" > long.txt 2> long.err
+check "an over-long line is truncated with a warning" grep -q "stdin:1: .* tokens, truncated to the model's maximum of 63" long.err
+check "and still translated" test "$(wc -l < long.txt)" -eq 1
+
+echo "translate_cli: $checks checks, $fails failed"
+[ $fails -eq 0 ]
