@@ -470,6 +470,7 @@ int main(int argc, char** argv) {
   Config cfg = build_config(o, corpus.numbers);
   if (o.out.empty()) o.out = corpus.numbers ? "runs/numbers" : "runs/multi30k-" + o.src + "-" + o.tgt;
   if (o.merges < 0) o.merges = corpus.numbers ? 60 : 8000;
+  // [DEVIATION] §5.1's batches hold about 25,000 source and 25,000 target tokens; Multi30k is small
   if (o.batch_tokens < 0) o.batch_tokens = cfg.D <= 64 ? 1024 : 4096;
   if (o.time_limit < 0 && corpus.numbers && o.epochs < 0 && o.max_steps < 0) o.time_limit = 175;
   if (o.epochs < 0) o.epochs = corpus.numbers ? 1000000 : 40;
