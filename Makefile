@@ -47,6 +47,8 @@ ifneq ($(NVCC),)
   NVCCFLAGS += -std=c++17 -x cu -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
                -Xcompiler "$(filter -fopenmp -march=%,$(CXXFLAGS)) -Wall" $(shell pkg-config --cflags libutf8proc)
   LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart
+  CXXFLAGS += -DTRANSFORMER_CUDA
+  NVCCFLAGS += -DTRANSFORMER_CUDA
   CONFIG   := cuda
   $(info ✓ nvcc ($(NVCC)): CUDA path compiled)
 else

@@ -153,10 +153,6 @@ DropoutKey dropout_key(uint64_t seed, long step, uint32_t site, double p) {
   return {mix64(mix64(mix64(seed) ^ (uint64_t)step) ^ site), p};
 }
 
-// Element i of a dropout site is kept when a 24-bit uniform from hash(stream, i) is >= p.
-static inline bool dropout_keeps(const DropoutKey& key, size_t i) {
-  return (double)(mix64(key.stream ^ (uint64_t)i) >> 40) * (1.0 / 16777216.0) >= key.p;
-}
 
 // Dropout sites: one id per (stack, layer, place), so no two masks in a step coincide.
 enum DropoutPlace : uint32_t { kEmbedding, kSelfOut, kSelfWeights, kCrossOut, kCrossWeights, kFfnOut, kFfnRelu };
@@ -166,12 +162,6 @@ static uint32_t dropout_site(int stack, int layer, DropoutPlace place) {
 
 // ---- §3.5 positional encoding, Eq. 3 -------------------------------------------------------------
 
-// [§3.5] PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(pos / 10000^(2i/D)):
-// the pair (2i, 2i+1) shares one frequency.
-double positional_encoding(int pos, int i, int D) {
-  double angle = pos / std::pow(10000.0, (double)(i - i % 2) / D);
-  return i % 2 == 0 ? std::sin(angle) : std::cos(angle);
-}
 
 // [Eq. 3, §5.3] lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), times a scale factor
 double learning_rate(long step, int D, int warmup, double scale) {
@@ -1471,3 +1461,511 @@ template std::vector<const void*> instantiate_for<float>();
 template std::vector<const void*> instantiate_for<double>();
 template struct Transformer<float>;
 template struct Transformer<double>;
+
+// ---- the GPU path ----------------------------------------------------------------------------------
+// Kernels and cuBLAS for every operation of namespace cpu, same names and argument order, float on device
+// pointers. Compiled only by nvcc; test/parity_gpu.cpp holds each one to its CPU definition.
+#ifdef __CUDACC__
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#define CUDA_CHECK(call) cuda_check((call), #call, __FILE__, __LINE__)
+#define CUBLAS_CHECK(call) cublas_check((call), #call, __FILE__, __LINE__)
+
+static void cuda_check(cudaError_t e, const char* what, const char* file, int line) {
+  if (e == cudaSuccess) return;
+  std::string msg = std::string(file) + ":" + std::to_string(line) + ": " + what + ": " + cudaGetErrorString(e);
+  if (e == cudaErrorMemoryAllocation) msg += " (out of GPU memory: lower --batch-tokens)";
+  throw std::runtime_error(msg);
+}
+
+static void cublas_check(cublasStatus_t s, const char* what, const char* file, int line) {
+  if (s == CUBLAS_STATUS_SUCCESS) return;
+  std::string msg = std::string(file) + ":" + std::to_string(line) + ": " + what + ": " + cublasGetStatusString(s);
+  if (s == CUBLAS_STATUS_ALLOC_FAILED) msg += " (out of GPU memory: lower --batch-tokens)";
+  throw std::runtime_error(msg);
+}
+
+bool gpu_available() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+namespace gpu {
+
+static cublasHandle_t blas() {
+  static cublasHandle_t h = [] {
+    cublasHandle_t handle;
+    CUBLAS_CHECK(cublasCreate(&handle));
+    CUBLAS_CHECK(cublasSetMathMode(handle, CUBLAS_PEDANTIC_MATH));  // fp32 is the reference: no TF32
+    return handle;
+  }();
+  return h;
+}
+
+void set_tf32(bool on) { CUBLAS_CHECK(cublasSetMathMode(blas(), on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH)); }
+
+template <typename T> static T* alloc_of(size_t n) {
+  void* p = nullptr;
+  CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
+  return (T*)p;
+}
+float* alloc(size_t n) { return alloc_of<float>(n); }
+int* alloc_ints(size_t n) { return alloc_of<int>(n); }
+uint8_t* alloc_bytes(size_t n) { return alloc_of<uint8_t>(n); }
+void release(void* p) { CUDA_CHECK(cudaFree(p)); }
+void upload(float* dst, const float* src, size_t n) { CUDA_CHECK(cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyHostToDevice)); }
+void upload(int* dst, const int* src, size_t n) { CUDA_CHECK(cudaMemcpy(dst, src, n * sizeof(int), cudaMemcpyHostToDevice)); }
+void upload(uint8_t* dst, const uint8_t* src, size_t n) { CUDA_CHECK(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice)); }
+void download(float* dst, const float* src, size_t n) { CUDA_CHECK(cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyDeviceToHost)); }
+void synchronize() { CUDA_CHECK(cudaDeviceSynchronize()); }
+
+static unsigned blocks_for(size_t n, unsigned threads = 256) { return (unsigned)std::min<size_t>((n + threads - 1) / threads, 65535u * 16); }
+#define GRID_STRIDE(i, n) for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
+static void check_launch() { CUDA_CHECK(cudaGetLastError()); }
+
+__global__ void fill_kernel(float* p, float value, size_t n) { GRID_STRIDE(i, n) p[i] = value; }
+void fill(float* p, float value, size_t n) {
+  if (n == 0) return;
+  fill_kernel<<<blocks_for(n), 256>>>(p, value, n);
+  check_launch();
+}
+
+// Sum over a block of 256 threads (every thread gets the result).
+template <typename T> __device__ T block_sum(T x, T* shared) {
+  shared[threadIdx.x] = x;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if ((int)threadIdx.x < s) shared[threadIdx.x] += shared[threadIdx.x + s];
+    __syncthreads();
+  }
+  T r = shared[0];
+  __syncthreads();
+  return r;
+}
+__device__ float block_max(float x, float* shared) {
+  shared[threadIdx.x] = x;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if ((int)threadIdx.x < s) shared[threadIdx.x] = fmaxf(shared[threadIdx.x], shared[threadIdx.x + s]);
+    __syncthreads();
+  }
+  float r = shared[0];
+  __syncthreads();
+  return r;
+}
+constexpr int kRowThreads = 256;  // threads of the one-block-per-row kernels (block_sum assumes a power of 2)
+
+// ---- matrix products: cuBLAS is column-major, so C^T = op(B)^T op(A)^T is computed ------------------
+void gemm(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc,
+          bool accumulate) {
+  if (M == 0 || N == 0) return;
+  const float one = 1, beta = accumulate ? 1.f : 0.f;
+  CUBLAS_CHECK(cublasSgemm(blas(), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &one, B, ldb, A, lda,
+                           &beta, C, ldc));
+}
+
+__global__ void add_bias_kernel(float* out, const float* b, size_t M, int O) { GRID_STRIDE(i, M * O) out[i] += b[i % O]; }
+__global__ void column_sum_kernel(float* db, const float* dout, int M, int O) {  // db[o] += sum_rows dout[:, o]
+  for (int o = blockIdx.x * blockDim.x + threadIdx.x; o < O; o += gridDim.x * blockDim.x) {
+    float s = 0;
+    for (int i = 0; i < M; ++i) s += dout[(size_t)i * O + o];
+    db[o] += s;
+  }
+}
+
+void linear_forward(float* out, const float* in, const float* w, const float* b, int M, int I, int O) {
+  gemm(false, false, M, O, I, in, I, w, O, out, O, false);
+  if (b) add_bias_kernel<<<blocks_for((size_t)M * O), 256>>>(out, b, M, O), check_launch();
+}
+
+void linear_backward(float* din, float* dw, float* db, const float* dout, const float* in, const float* w, int M, int I, int O) {
+  // forward was: out = in @ w + b; so now: din += dout @ w^T, dw += in^T @ dout, db += sum_rows dout
+  gemm(false, true, M, I, O, dout, O, w, O, din, I, true);
+  gemm(true, false, I, O, M, in, I, dout, O, dw, O, true);
+  if (db) column_sum_kernel<<<blocks_for(O), 256>>>(db, dout, M, O), check_launch();
+}
+
+// ---- §5.4 dropout: the same hash as the CPU (dropout_keeps) -----------------------------------------
+__global__ void dropout_forward_kernel(float* out, const float* in, DropoutKey key, size_t n, float scale) {
+  GRID_STRIDE(i, n) out[i] = key.p == 0 ? in[i] : dropout_keeps(key, i) ? in[i] * scale : 0.f;
+}
+__global__ void dropout_backward_kernel(float* din, const float* dout, DropoutKey key, size_t n, float scale) {
+  GRID_STRIDE(i, n) if (key.p == 0 || dropout_keeps(key, i)) din[i] += dout[i] * scale;
+}
+void dropout_forward(float* out, const float* in, DropoutKey key, size_t n) {
+  if (n == 0 || (key.p == 0 && out == in)) return;
+  dropout_forward_kernel<<<blocks_for(n), 256>>>(out, in, key, n, key.p == 0 ? 1.f : (float)(1.0 / (1.0 - key.p)));
+  check_launch();
+}
+void dropout_backward(float* din, const float* dout, DropoutKey key, size_t n) {
+  if (n == 0) return;
+  dropout_backward_kernel<<<blocks_for(n), 256>>>(din, dout, key, n, key.p == 0 ? 1.f : (float)(1.0 / (1.0 - key.p)));
+  check_launch();
+}
+
+// ---- §3.4, §3.5 embeddings -------------------------------------------------------------------------
+__global__ void embedding_forward_kernel(float* out, const int* ids, const float* emb, int L, int D, size_t n) {
+  const float sqrt_d = sqrtf((float)D);
+  GRID_STRIDE(i, n) {
+    const size_t r = i / D;
+    const int d = (int)(i % D), t = (int)(r % L);
+    out[i] = emb[(size_t)ids[r] * D + d] * sqrt_d + (float)positional_encoding(t, d, D);
+  }
+}
+__global__ void embedding_backward_kernel(float* demb, const float* dout, const int* ids, int D, size_t n) {
+  const float sqrt_d = sqrtf((float)D);
+  GRID_STRIDE(i, n) atomicAdd(&demb[(size_t)ids[i / D] * D + i % D], dout[i] * sqrt_d);  // a token may repeat
+}
+void embedding_forward(float* out, const int* ids, const float* emb, int B, int L, int D) {
+  const size_t n = (size_t)B * L * D;
+  embedding_forward_kernel<<<blocks_for(n), 256>>>(out, ids, emb, L, D, n);
+  check_launch();
+}
+void embedding_backward(float* demb, const float* dout, const int* ids, int B, int L, int D) {
+  const size_t n = (size_t)B * L * D;
+  embedding_backward_kernel<<<blocks_for(n), 256>>>(demb, dout, ids, D, n);
+  check_launch();
+}
+
+// ---- [Eq. 1, §3.2.1] attention: one block per (batch, head, query) row ------------------------------
+// The row's scores live in p (global memory) while the softmax is formed, so any key length works.
+__global__ void attention_forward_kernel(float* ctx, float* p, const float* q, const float* k, const float* v,
+                                         const uint8_t* key_valid, bool causal, DropoutKey drop, int H, int Lq, int Lk,
+                                         int D) {
+  __shared__ float red[kRowThreads];
+  const int i = blockIdx.x % Lq, h = (blockIdx.x / Lq) % H, b = blockIdx.x / (Lq * H), Dk = D / H;
+  const float scale = rsqrtf((float)Dk), keep_scale = (float)(1.0 / (1.0 - drop.p));
+  const size_t row = (size_t)blockIdx.x * Lk;
+  float* pr = p + row;
+  const float* qi = q + ((size_t)b * Lq + i) * D + h * Dk;
+  auto visible = [&](int j) { return key_valid[(size_t)b * Lk + j] && (!causal || j <= i); };
+  float mx = -INFINITY;
+  for (int j = threadIdx.x; j < Lk; j += blockDim.x) {
+    if (!visible(j)) continue;
+    const float* kj = k + ((size_t)b * Lk + j) * D + h * Dk;
+    float s = 0;
+    for (int d = 0; d < Dk; ++d) s += qi[d] * kj[d];
+    pr[j] = s * scale;
+    mx = fmaxf(mx, pr[j]);
+  }
+  mx = block_max(mx, red);
+  float sum = 0;
+  for (int j = threadIdx.x; j < Lk; j += blockDim.x) {
+    pr[j] = visible(j) ? expf(pr[j] - mx) : 0.f;
+    sum += pr[j];
+  }
+  sum = block_sum(sum, red);
+  for (int j = threadIdx.x; j < Lk; j += blockDim.x)
+    if (sum > 0) pr[j] /= sum;  // a row with no visible key stays all zero, as on the CPU
+  __syncthreads();
+  float* ci = ctx + ((size_t)b * Lq + i) * D + h * Dk;
+  for (int d = threadIdx.x; d < Dk; d += blockDim.x) {
+    float c = 0;
+    for (int j = 0; j < Lk; ++j) {
+      float wgt = pr[j];
+      if (drop.p > 0) wgt = dropout_keeps(drop, row + j) ? wgt * keep_scale : 0.f;
+      if (wgt != 0) c += wgt * v[((size_t)b * Lk + j) * D + h * Dk + d];
+    }
+    ci[d] = c;
+  }
+}
+
+// Backward of one row; dk and dv gather from every query row, so they are added atomically. dsh holds
+// the row's dL/dp (Lk floats of dynamic shared memory).
+__global__ void attention_backward_kernel(float* dq, float* dk, float* dv, const float* dctx, const float* p, const float* q,
+                                          const float* k, const float* v, DropoutKey drop, int H, int Lq, int Lk, int D) {
+  extern __shared__ float dsh[];
+  __shared__ float red[kRowThreads];
+  const int i = blockIdx.x % Lq, h = (blockIdx.x / Lq) % H, b = blockIdx.x / (Lq * H), Dk = D / H;
+  const float scale = rsqrtf((float)Dk), keep_scale = (float)(1.0 / (1.0 - drop.p));
+  const size_t row = (size_t)blockIdx.x * Lk;
+  const float* pr = p + row;
+  const float* dci = dctx + ((size_t)b * Lq + i) * D + h * Dk;
+  auto keep = [&](int j) { return drop.p > 0 ? (dropout_keeps(drop, row + j) ? keep_scale : 0.f) : 1.f; };
+  // forward was: ctx_i = sum_j p'_ij v_j with p'_ij = p_ij keep_ij
+  // so now: dv_j += p'_ij dctx_i and dp_ij = keep_ij (dctx_i . v_j)
+  float rowdot = 0;
+  for (int j = threadIdx.x; j < Lk; j += blockDim.x) {
+    dsh[j] = 0;
+    if (pr[j] == 0) continue;
+    const float* vj = v + ((size_t)b * Lk + j) * D + h * Dk;
+    float s = 0;
+    for (int d = 0; d < Dk; ++d) s += dci[d] * vj[d];
+    dsh[j] = s * keep(j);
+    rowdot += dsh[j] * pr[j];
+  }
+  rowdot = block_sum(rowdot, red);
+  for (int e = threadIdx.x; e < Lk * Dk; e += blockDim.x) {
+    const int j = e / Dk, d = e % Dk;
+    if (pr[j] != 0) atomicAdd(&dv[((size_t)b * Lk + j) * D + h * Dk + d], pr[j] * keep(j) * dci[d]);
+  }
+  // forward was: p_i = softmax(s_i); so now: ds_ij = p_ij (dp_ij - sum_l p_il dp_il)
+  for (int j = threadIdx.x; j < Lk; j += blockDim.x) dsh[j] = pr[j] * (dsh[j] - rowdot) * scale;
+  __syncthreads();
+  // forward was: s_ij = scale q_i . k_j; so now: dq_i += scale ds_ij k_j, dk_j += scale ds_ij q_i
+  const float* qi = q + ((size_t)b * Lq + i) * D + h * Dk;
+  float* dqi = dq + ((size_t)b * Lq + i) * D + h * Dk;
+  for (int d = threadIdx.x; d < Dk; d += blockDim.x) {
+    float s = 0;
+    for (int j = 0; j < Lk; ++j)
+      if (dsh[j] != 0) s += dsh[j] * k[((size_t)b * Lk + j) * D + h * Dk + d];
+    dqi[d] += s;
+  }
+  for (int e = threadIdx.x; e < Lk * Dk; e += blockDim.x) {
+    const int j = e / Dk, d = e % Dk;
+    if (dsh[j] != 0) atomicAdd(&dk[((size_t)b * Lk + j) * D + h * Dk + d], dsh[j] * qi[d]);
+  }
+}
+
+void attention_forward(float* ctx, float* p, const float* q, const float* k, const float* v, const uint8_t* key_valid,
+                       bool causal, DropoutKey drop, int B, int Lq, int Lk, int D, int H) {
+  if ((size_t)B * H * Lq == 0) return;
+  attention_forward_kernel<<<B * H * Lq, kRowThreads>>>(ctx, p, q, k, v, key_valid, causal, drop, H, Lq, Lk, D);
+  check_launch();
+}
+
+void attention_backward(float* dq, float* dk, float* dv, const float* dctx, const float* p, const float* q, const float* k,
+                        const float* v, DropoutKey drop, int B, int Lq, int Lk, int D, int H) {
+  if ((size_t)B * H * Lq == 0) return;
+  if (Lk > 8192) throw std::invalid_argument("gpu::attention_backward: key length " + std::to_string(Lk) + " > 8192");
+  attention_backward_kernel<<<B * H * Lq, kRowThreads, Lk * sizeof(float)>>>(dq, dk, dv, dctx, p, q, k, v, drop, H, Lq, Lk, D);
+  check_launch();
+}
+
+void multihead_attention_forward(float* out, const AttentionActs<float>& a, const float* xq, const float* xkv,
+                                 const AttentionWeights<float>& w, const uint8_t* key_valid, bool causal, DropoutKey drop,
+                                 int B, int Lq, int Lk, int D, int H) {
+  // [§3.2.2] Q = xq Wq, K = xkv Wk, V = xkv Wv; Concat(heads) W^O
+  linear_forward(a.q, xq, w.wq, nullptr, B * Lq, D, D);
+  linear_forward(a.k, xkv, w.wk, nullptr, B * Lk, D, D);
+  linear_forward(a.v, xkv, w.wv, nullptr, B * Lk, D, D);
+  attention_forward(a.ctx, a.p, a.q, a.k, a.v, key_valid, causal, drop, B, Lq, Lk, D, H);
+  linear_forward(out, a.ctx, w.wo, nullptr, B * Lq, D, D);
+}
+
+void multihead_attention_backward(float* dxq, float* dxkv, const AttentionWeights<float>& dw, const float* dout,
+                                  const AttentionActs<float>& a, const AttentionActs<float>& s, const float* xq,
+                                  const float* xkv, const AttentionWeights<float>& w, DropoutKey drop, int B, int Lq, int Lk,
+                                  int D, int H) {
+  // the forward call list, in reverse; s holds scratch for dq, dk, dv, dctx
+  fill(s.ctx, 0, (size_t)B * Lq * D);
+  fill(s.q, 0, (size_t)B * Lq * D);
+  fill(s.k, 0, (size_t)B * Lk * D);
+  fill(s.v, 0, (size_t)B * Lk * D);
+  linear_backward(s.ctx, dw.wo, nullptr, dout, a.ctx, w.wo, B * Lq, D, D);
+  attention_backward(s.q, s.k, s.v, s.ctx, a.p, a.q, a.k, a.v, drop, B, Lq, Lk, D, H);
+  linear_backward(dxkv, dw.wv, nullptr, s.v, xkv, w.wv, B * Lk, D, D);
+  linear_backward(dxkv, dw.wk, nullptr, s.k, xkv, w.wk, B * Lk, D, D);
+  linear_backward(dxq, dw.wq, nullptr, s.q, xq, w.wq, B * Lq, D, D);
+}
+
+// ---- [Eq. 2, §3.3] the feed-forward network ----------------------------------------------------------
+__global__ void relu_kernel(float* h, const float* hpre, size_t n) { GRID_STRIDE(i, n) h[i] = hpre[i] > 0 ? hpre[i] : 0.f; }
+__global__ void relu_backward_kernel(float* dh, const float* hpre, DropoutKey drop, size_t n, float scale) {
+  GRID_STRIDE(i, n) {
+    const bool pass = hpre[i] > 0 && (drop.p == 0 || dropout_keeps(drop, i));
+    dh[i] = pass ? dh[i] * scale : 0.f;
+  }
+}
+
+void ffn_forward(float* out, const FfnActs<float>& a, const float* in, const FfnWeights<float>& w, DropoutKey relu_drop,
+                 int M, int D, int F) {
+  const size_t n = (size_t)M * F;
+  linear_forward(a.hpre, in, w.w1, w.b1, M, D, F);
+  relu_kernel<<<blocks_for(n), 256>>>(a.h, a.hpre, n);
+  check_launch();
+  dropout_forward(a.h, a.h, relu_drop, n);
+  linear_forward(out, a.h, w.w2, w.b2, M, F, D);
+}
+
+void ffn_backward(float* din, const FfnWeights<float>& dw, float* dh, const float* dout, const FfnActs<float>& a,
+                  const float* in, const FfnWeights<float>& w, DropoutKey relu_drop, int M, int D, int F) {
+  const size_t n = (size_t)M * F;
+  fill(dh, 0, n);
+  linear_backward(dh, dw.w2, dw.b2, dout, a.h, w.w2, M, F, D);
+  relu_backward_kernel<<<blocks_for(n), 256>>>(dh, a.hpre, relu_drop, n, relu_drop.p > 0 ? (float)(1.0 / (1.0 - relu_drop.p)) : 1.f);
+  check_launch();
+  linear_backward(din, dw.w1, dw.b1, dh, in, w.w1, M, D, F);
+}
+
+// ---- §3.1 LayerNorm and the residual connection: one block per row ---------------------------------
+__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* in, const float* g, const float* b,
+                                         int D, float eps) {
+  __shared__ float red[kRowThreads];
+  const float* x = in + (size_t)blockIdx.x * D;
+  float s = 0;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) s += x[d];
+  const float mu = block_sum(s, red) / D;
+  float v = 0;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) v += (x[d] - mu) * (x[d] - mu);
+  const float rs = 1.f / sqrtf(block_sum(v, red) / D + eps);  // biased variance, as LayerNorm defines it
+  float* y = out + (size_t)blockIdx.x * D;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) y[d] = (x[d] - mu) * rs * g[d] + b[d];
+  if (threadIdx.x == 0) mean[blockIdx.x] = mu, rstd[blockIdx.x] = rs;
+}
+
+__global__ void layernorm_backward_kernel(float* din, float* dg, float* db, const float* dout, const float* in, const float* g,
+                                          const float* mean, const float* rstd, int D) {
+  __shared__ float red[kRowThreads];
+  const size_t r = blockIdx.x;
+  const float* x = in + r * D;
+  const float* dy = dout + r * D;
+  float m1 = 0, m2 = 0;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    const float xhat = (x[d] - mean[r]) * rstd[r];
+    m1 += dy[d] * g[d];
+    m2 += dy[d] * g[d] * xhat;
+    atomicAdd(&dg[d], dy[d] * xhat);  // dg += sum_rows dy xhat, db += sum_rows dy
+    atomicAdd(&db[d], dy[d]);
+  }
+  m1 = block_sum(m1, red) / D;
+  m2 = block_sum(m2, red) / D;
+  float* dx = din + r * D;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    const float xhat = (x[d] - mean[r]) * rstd[r];
+    dx[d] += rstd[r] * (dy[d] * g[d] - m1 - xhat * m2);
+  }
+}
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* in, const float* g, const float* b, int M, int D,
+                       double eps) {
+  if (M == 0) return;
+  layernorm_forward_kernel<<<M, kRowThreads>>>(out, mean, rstd, in, g, b, D, (float)eps);
+  check_launch();
+}
+void layernorm_backward(float* din, float* dg, float* db, const float* dout, const float* in, const float* g,
+                        const float* mean, const float* rstd, int M, int D) {
+  if (M == 0) return;
+  layernorm_backward_kernel<<<M, kRowThreads>>>(din, dg, db, dout, in, g, mean, rstd, D);
+  check_launch();
+}
+
+__global__ void residual_forward_kernel(float* out, const float* x, const float* y, size_t n) { GRID_STRIDE(i, n) out[i] = x[i] + y[i]; }
+__global__ void residual_backward_kernel(float* dx, float* dy, const float* dout, size_t n) {
+  GRID_STRIDE(i, n) dx[i] += dout[i], dy[i] += dout[i];
+}
+void residual_forward(float* out, const float* x, const float* y, size_t n) {
+  if (n) residual_forward_kernel<<<blocks_for(n), 256>>>(out, x, y, n), check_launch();
+}
+void residual_backward(float* dx, float* dy, const float* dout, size_t n) {
+  if (n) residual_backward_kernel<<<blocks_for(n), 256>>>(dx, dy, dout, n), check_launch();
+}
+
+// ---- §3.4 the pre-softmax projection (the shared embedding) ------------------------------------------
+void output_projection_forward(float* logits, const float* y, const float* emb, int M, int D, int V) {
+  gemm(false, true, M, V, D, y, D, emb, D, logits, V, false);
+}
+void output_projection_backward(float* dy, float* demb, const float* dlogits, const float* y, const float* emb, int M, int D,
+                                int V) {
+  // forward was: logits = y @ emb^T; so now: dy += dlogits @ emb, demb += dlogits^T @ y
+  gemm(false, false, M, D, V, dlogits, V, emb, D, dy, D, true);
+  gemm(true, false, V, D, M, dlogits, V, y, D, demb, D, true);
+}
+
+// ---- §5.4 label-smoothed cross-entropy: softmax and loss fused, one block per row -------------------
+__global__ void xent_forward_kernel(float* lse, double* row_loss, const float* logits, const int* targets, int V, double qt,
+                                    double qo, int pad) {
+  __shared__ float red[kRowThreads];
+  __shared__ double dred[kRowThreads];
+  const float* z = logits + (size_t)blockIdx.x * V;
+  float mx = -INFINITY;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, z[v]);
+  mx = block_max(mx, red);
+  double s = 0, zsum = 0;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) s += expf(z[v] - mx), zsum += z[v];
+  s = block_sum(s, dred);
+  zsum = block_sum(zsum, dred);
+  if (threadIdx.x == 0) {
+    const float l = mx + logf((float)s);
+    lse[blockIdx.x] = l;
+    const int t = targets[blockIdx.x];
+    // -sum_v q_v log softmax(z)_v = lse - sum_v q_v z_v   (sum_v q_v = 1)
+    row_loss[blockIdx.x] = t == pad ? 0.0 : (double)l - (qo * zsum + (qt - qo) * (double)z[t]);
+  }
+}
+
+__global__ void xent_backward_kernel(float* dlogits, const float* logits, const float* lse, const int* targets, int V, float qt,
+                                     float qo, float inv_n, int pad) {
+  const int t = targets[blockIdx.x];
+  if (t == pad) return;
+  const float* z = logits + (size_t)blockIdx.x * V;
+  float* dz = dlogits + (size_t)blockIdx.x * V;
+  const float l = lse[blockIdx.x];
+  for (int v = threadIdx.x; v < V; v += blockDim.x) dz[v] += (expf(z[v] - l) - (v == t ? qt : qo)) * inv_n;
+}
+
+double label_smoothed_xent_forward(float* lse, const float* logits, const int* targets, int M, int V, double eps,
+                                   LabelSmoothing form, int pad) {
+  double qt, qo;
+  cpu::smoothing_weights(eps, form, V, &qt, &qo);
+  if (M == 0) return 0;
+  double* row_loss = alloc_of<double>(M);
+  xent_forward_kernel<<<M, kRowThreads>>>(lse, row_loss, logits, targets, V, qt, qo, pad);
+  check_launch();
+  std::vector<double> host(M);
+  std::vector<int> tgt(M);
+  CUDA_CHECK(cudaMemcpy(host.data(), row_loss, M * sizeof(double), cudaMemcpyDeviceToHost));  // the one read-back
+  CUDA_CHECK(cudaMemcpy(tgt.data(), targets, M * sizeof(int), cudaMemcpyDeviceToHost));
+  release(row_loss);
+  double total = 0;
+  long n = 0;
+  for (int i = 0; i < M; ++i)
+    if (tgt[i] != pad) total += host[i], n += 1;
+  return n ? total / n : 0.0;
+}
+
+void label_smoothed_xent_backward(float* dlogits, const float* logits, const float* lse, const int* targets, int M, int V,
+                                  double eps, LabelSmoothing form, int pad) {
+  double qt, qo;
+  cpu::smoothing_weights(eps, form, V, &qt, &qo);
+  std::vector<int> tgt(M);
+  CUDA_CHECK(cudaMemcpy(tgt.data(), targets, M * sizeof(int), cudaMemcpyDeviceToHost));
+  long n = 0;
+  for (int t : tgt) n += t != pad;
+  if (n == 0) return;
+  xent_backward_kernel<<<M, kRowThreads>>>(dlogits, logits, lse, targets, V, (float)qt, (float)qo, (float)(1.0 / n), pad);
+  check_launch();
+}
+
+// ---- §5.3 Adam over the whole buffer, the gradient norm ---------------------------------------------
+__global__ void adam_kernel(float* params, const float* grads, float* m, float* v, size_t n, double lr, double beta1, double beta2,
+                            double eps, double c1, double c2) {
+  GRID_STRIDE(i, n) {
+    m[i] = (float)(beta1 * m[i] + (1 - beta1) * grads[i]);
+    v[i] = (float)(beta2 * v[i] + (1 - beta2) * (double)grads[i] * grads[i]);
+    const double mhat = m[i] / c1, vhat = v[i] / c2;
+    params[i] -= (float)(lr * mhat / (sqrt(vhat) + eps));
+  }
+}
+void adam_update(float* params, const float* grads, float* m, float* v, size_t n, double lr, double beta1, double beta2,
+                 double eps, long t) {
+  const double c1 = 1 - std::pow(beta1, (double)t), c2 = 1 - std::pow(beta2, (double)t);
+  if (n) adam_kernel<<<blocks_for(n), 256>>>(params, grads, m, v, n, lr, beta1, beta2, eps, c1, c2), check_launch();
+}
+
+__global__ void square_sum_kernel(double* out, const float* g, size_t n) {
+  __shared__ double red[256];
+  double s = 0;
+  GRID_STRIDE(i, n) s += (double)g[i] * g[i];
+  s = block_sum(s, red);
+  if (threadIdx.x == 0) atomicAdd(out, s);
+}
+double grad_norm(const float* grads, size_t n) {
+  double* sum = alloc_of<double>(1);
+  CUDA_CHECK(cudaMemset(sum, 0, sizeof(double)));
+  if (n) square_sum_kernel<<<std::min(blocks_for(n), 1024u), 256>>>(sum, grads, n), check_launch();
+  double host = 0;
+  CUDA_CHECK(cudaMemcpy(&host, sum, sizeof(double), cudaMemcpyDeviceToHost));
+  release(sum);
+  return std::sqrt(host);
+}
+__global__ void scale_kernel(float* g, size_t n, float f) { GRID_STRIDE(i, n) g[i] *= f; }
+void scale_grads(float* grads, size_t n, double factor) {
+  if (n) scale_kernel<<<blocks_for(n), 256>>>(grads, n, (float)factor), check_launch();
+}
+
+}  // namespace gpu
+#else
+bool gpu_available() { return false; }  // compiled by g++: no CUDA path in this build
+#endif

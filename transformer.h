@@ -13,11 +13,20 @@
 //   - The CPU functions (namespace cpu) are the definition; they are templated on the scalar type
 //     (float to train, double to check gradients).
 #pragma once
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
+
+// Functions that the CPU and the GPU share, character for character (the dropout hash, the positional
+// encoding): compiled for both when nvcc compiles them.
+#ifdef __CUDACC__
+#define HOST_DEVICE __host__ __device__
+#else
+#define HOST_DEVICE
+#endif
 
 // The special tokens' fixed ids (the tokenizer gives them the same ones).
 constexpr int kPadId = 0;  // <pad>
@@ -103,7 +112,7 @@ Batch make_batch(const std::vector<const std::vector<int>*>& src, const std::vec
 // SplitMix64's step and finaliser: a bijective mix of 64 bits. Dropout masks, initialisation, the
 // number corpus and the epoch shuffles all draw from it, so every run is reproducible on any platform
 // (no std:: distributions, whose output varies between libraries).
-inline uint64_t mix64(uint64_t z) {
+inline HOST_DEVICE uint64_t mix64(uint64_t z) {
   z += 0x9E3779B97F4A7C15ull;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
@@ -116,6 +125,10 @@ struct DropoutKey {
   double p = 0;         // drop probability; 0 disables the site
 };
 DropoutKey dropout_key(uint64_t seed, long step, uint32_t site, double p);
+// Element i of a dropout site is kept when a 24-bit uniform from hash(stream, i) is >= p.
+inline HOST_DEVICE bool dropout_keeps(const DropoutKey& key, size_t i) {
+  return (double)(mix64(key.stream ^ (uint64_t)i) >> 40) * (1.0 / 16777216.0) >= key.p;
+}
 
 // ---- activations saved by forward ------------------------------------------------------------------
 template <typename T> struct AttentionActs { T *q, *k, *v, *p, *ctx; };  // (B,Lq,D) (B,Lk,D)x2 (B,H,Lq,Lk) (B,Lq,D)
@@ -182,8 +195,12 @@ template <typename T> double transformer_update(Transformer<T>& m);
 
 // [Eq. 3, §5.3] lrate = scale * D^-0.5 * min(step^-0.5, step * warmup^-1.5)
 double learning_rate(long step, int D, int warmup, double scale);
-// [§3.5] PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(pos / 10000^(2i/D))
-double positional_encoding(int pos, int i, int D);
+// [§3.5] PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(pos / 10000^(2i/D)):
+// the pair (2i, 2i+1) shares one frequency.
+inline HOST_DEVICE double positional_encoding(int pos, int i, int D) {
+  double angle = pos / pow(10000.0, (double)(i - i % 2) / D);
+  return i % 2 == 0 ? sin(angle) : cos(angle);
+}
 
 // ---- decoding (§6): greedy and beam search with per-layer K/V caches -----------------------------------
 // Sources are BPE ids without specials (make_batch appends </s>); outputs are ids without <s> and </s>.
@@ -341,3 +358,70 @@ template <typename T> double grad_norm(const T* grads, size_t n);
 template <typename T> void scale_grads(T* grads, size_t n, double factor);
 
 }  // namespace cpu
+
+// ---- the GPU path (CUDA kernels and cuBLAS) ----------------------------------------------------------------
+// True when this build has the CUDA path and a GPU is present.
+bool gpu_available();
+
+#ifdef TRANSFORMER_CUDA  // set by the Makefile when nvcc compiles transformer.cu
+// The same operations as namespace cpu, with the same names and argument order, in float on device
+// pointers. They are tested against the CPU, op by op (test/parity_gpu.cpp). Calls are asynchronous on
+// one stream except where a value comes back to the host (the loss, the gradient norm). Every CUDA and
+// cuBLAS call is checked: a failure throws std::runtime_error naming the file, line and error.
+namespace gpu {
+// device memory
+float* alloc(size_t n);  // out of memory: the message names --batch-tokens
+int* alloc_ints(size_t n);
+uint8_t* alloc_bytes(size_t n);
+void release(void* p);
+void upload(float* dst, const float* src, size_t n);
+void upload(int* dst, const int* src, size_t n);
+void upload(uint8_t* dst, const uint8_t* src, size_t n);
+void download(float* dst, const float* src, size_t n);
+void fill(float* p, float value, size_t n);
+void synchronize();
+void set_tf32(bool on);  // cuBLAS TF32 tensor-core math; off (pedantic fp32) by default
+
+void gemm(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc,
+          bool accumulate);
+void embedding_forward(float* out, const int* ids, const float* emb, int B, int L, int D);
+void embedding_backward(float* demb, const float* dout, const int* ids, int B, int L, int D);
+void dropout_forward(float* out, const float* in, DropoutKey key, size_t n);
+void dropout_backward(float* din, const float* dout, DropoutKey key, size_t n);
+void linear_forward(float* out, const float* in, const float* w, const float* b, int M, int I, int O);
+void linear_backward(float* din, float* dw, float* db, const float* dout, const float* in, const float* w, int M, int I, int O);
+void attention_forward(float* ctx, float* p, const float* q, const float* k, const float* v, const uint8_t* key_valid,
+                       bool causal, DropoutKey drop, int B, int Lq, int Lk, int D, int H);
+void attention_backward(float* dq, float* dk, float* dv, const float* dctx, const float* p, const float* q, const float* k,
+                        const float* v, DropoutKey drop, int B, int Lq, int Lk, int D, int H);
+void multihead_attention_forward(float* out, const AttentionActs<float>& a, const float* xq, const float* xkv,
+                                 const AttentionWeights<float>& w, const uint8_t* key_valid, bool causal, DropoutKey drop,
+                                 int B, int Lq, int Lk, int D, int H);
+void multihead_attention_backward(float* dxq, float* dxkv, const AttentionWeights<float>& dw, const float* dout,
+                                  const AttentionActs<float>& a, const AttentionActs<float>& scratch, const float* xq,
+                                  const float* xkv, const AttentionWeights<float>& w, DropoutKey drop, int B, int Lq, int Lk,
+                                  int D, int H);
+void ffn_forward(float* out, const FfnActs<float>& a, const float* in, const FfnWeights<float>& w, DropoutKey relu_drop,
+                 int M, int D, int F);
+void ffn_backward(float* din, const FfnWeights<float>& dw, float* dh_scratch, const float* dout, const FfnActs<float>& a,
+                  const float* in, const FfnWeights<float>& w, DropoutKey relu_drop, int M, int D, int F);
+void layernorm_forward(float* out, float* mean, float* rstd, const float* in, const float* g, const float* b, int M, int D,
+                       double eps);
+void layernorm_backward(float* din, float* dg, float* db, const float* dout, const float* in, const float* g,
+                        const float* mean, const float* rstd, int M, int D);
+void residual_forward(float* out, const float* x, const float* y, size_t n);
+void residual_backward(float* dx, float* dy, const float* dout, size_t n);
+void output_projection_forward(float* logits, const float* y, const float* emb, int M, int D, int V);
+void output_projection_backward(float* dy, float* demb, const float* dlogits, const float* y, const float* emb, int M, int D,
+                                int V);
+// The softmax and the loss fused: one pass over the logits per row; targets on the device.
+double label_smoothed_xent_forward(float* lse, const float* logits, const int* targets, int M, int V, double eps,
+                                   LabelSmoothing form, int pad);
+void label_smoothed_xent_backward(float* dlogits, const float* logits, const float* lse, const int* targets, int M, int V,
+                                  double eps, LabelSmoothing form, int pad);
+void adam_update(float* params, const float* grads, float* m, float* v, size_t n, double lr, double beta1, double beta2,
+                 double eps, long t);
+double grad_norm(const float* grads, size_t n);
+void scale_grads(float* grads, size_t n, double factor);
+}  // namespace gpu
+#endif
