@@ -1,0 +1,303 @@
+// parity_gpu: every GPU operation (namespace gpu) against its CPU definition (namespace cpu), forward and
+// backward, in fp32 with TF32 off, on random inputs with odd sizes, padding and causal masks, a fully
+// masked row and dropout on. Outputs are poisoned with NaN before each GPU run so an unwritten element
+// is caught; gradients start from the same random values on both sides, so "backward adds" is checked.
+// Tolerance: relative error <= 1e-5 against max(|cpu|, 1e-4) (the absolute floor).
+// Exits 77 when the build has no CUDA path or no GPU is present (CTest: skipped).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "../transformer.h"
+#include "check.h"
+
+#ifndef TRANSFORMER_CUDA
+int main() {
+  std::printf("parity_gpu: this build has no CUDA path (built with CPU=1 or without nvcc): skipped\n");
+  return 77;
+}
+#else
+
+namespace {
+
+constexpr double kTol = 1e-5, kFloor = 1e-4;
+
+struct Rand {
+  uint64_t s;
+  float uniform(float lo = -1, float hi = 1) { return lo + (hi - lo) * (float)((mix64(s++) >> 40) * (1.0 / 16777216.0)); }
+  std::vector<float> vec(size_t n, float lo = -1, float hi = 1) {
+    std::vector<float> v(n);
+    for (float& x : v) x = uniform(lo, hi);
+    return v;
+  }
+};
+
+std::vector<float> zeros(size_t n) { return std::vector<float>(n); }
+
+// A host vector and its device copy.
+struct Buf {
+  std::vector<float> h;
+  float* d = nullptr;
+  explicit Buf(std::vector<float> v) : h(std::move(v)), d(gpu::alloc(h.size())) { gpu::upload(d, h.data(), h.size()); }
+  Buf(const Buf&) = delete;
+  ~Buf() { gpu::release(d); }
+  void poison() { gpu::fill(d, NAN, h.size()); }  // for outputs the op must overwrite
+  std::vector<float> get() const {
+    std::vector<float> o(h.size());
+    gpu::synchronize();
+    gpu::download(o.data(), d, o.size());
+    return o;
+  }
+};
+
+struct Report {
+  Checker& ck;
+  // compares the device copy of b with its host copy (the CPU result)
+  void same(const Buf& b, const std::string& what) {
+    std::vector<float> g = b.get();
+    double worst = 0;
+    size_t at = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      const double err = std::fabs((double)g[i] - b.h[i]) / std::fmax(std::fabs((double)b.h[i]), kFloor);
+      if (!(err <= worst)) worst = err, at = i;  // NaN counts as the worst
+    }
+    std::printf("  %-44s max rel err %.3g (tol %.0e, floor %.0e)\n", what.c_str(), worst, kTol, kFloor);
+    ck.close(g.empty() ? 0 : g[at], g.empty() ? 0 : b.h[at], kTol, kTol * kFloor, (what + "[" + std::to_string(at) + "]").c_str());
+  }
+};
+
+}  // namespace
+
+int main() {
+  if (!gpu_available()) {
+    std::printf("parity_gpu: no GPU present: skipped\n");
+    return 77;
+  }
+  gpu::set_tf32(false);
+  Checker ck("parity_gpu");
+  Report rep{ck};
+  Rand r{2024};
+  const int B = 3, Lq = 7, Lk = 5, D = 12, H = 3, F = 20, V = 37, M = B * Lq;
+  const DropoutKey drop = dropout_key(5, 11, 3, 0.1), none{};
+
+  // gemm, every transpose combination, overwrite and accumulate
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb)
+      for (int acc = 0; acc < 2; ++acc) {
+        const int m = 13, n = 9, k = 11;
+        Buf A(r.vec((size_t)m * k)), Bm(r.vec((size_t)k * n)), C(r.vec((size_t)m * n));
+        if (!acc) C.poison();
+        cpu::gemm<float>(ta, tb, m, n, k, A.h.data(), ta ? m : k, Bm.h.data(), tb ? k : n, C.h.data(), n, acc);
+        gpu::gemm(ta, tb, m, n, k, A.d, ta ? m : k, Bm.d, tb ? k : n, C.d, n, acc);
+        rep.same(C, "gemm ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) + " acc=" + std::to_string(acc));
+      }
+
+  // embeddings
+  {
+    std::vector<int> ids(M);
+    for (int& id : ids) id = (int)(r.uniform(0, 1) * V) % V;
+    ids[1] = ids[0];  // a repeated token: its gradient rows add
+    int* dids = gpu::alloc_ints(M);
+    gpu::upload(dids, ids.data(), M);
+    Buf emb(r.vec((size_t)V * D)), out(zeros((size_t)M * D)), dout(r.vec((size_t)M * D)), demb(r.vec((size_t)V * D));
+    out.poison();
+    cpu::embedding_forward(out.h.data(), ids.data(), emb.h.data(), B, Lq, D);
+    gpu::embedding_forward(out.d, dids, emb.d, B, Lq, D);
+    rep.same(out, "embedding_forward");
+    cpu::embedding_backward(demb.h.data(), dout.h.data(), ids.data(), B, Lq, D);
+    gpu::embedding_backward(demb.d, dout.d, dids, B, Lq, D);
+    rep.same(demb, "embedding_backward");
+    gpu::release(dids);
+  }
+
+  // dropout: the same masks
+  {
+    const size_t n = 1001;
+    Buf in(r.vec(n)), out(zeros(n)), dout(r.vec(n)), din(r.vec(n));
+    out.poison();
+    cpu::dropout_forward(out.h.data(), in.h.data(), drop, n);
+    gpu::dropout_forward(out.d, in.d, drop, n);
+    rep.same(out, "dropout_forward (p = 0.1)");
+    cpu::dropout_backward(din.h.data(), dout.h.data(), drop, n);
+    gpu::dropout_backward(din.d, dout.d, drop, n);
+    rep.same(din, "dropout_backward (p = 0.1)");
+  }
+
+  // linear maps
+  {
+    const int I = 11, O = 7;
+    Buf in(r.vec((size_t)M * I)), w(r.vec((size_t)I * O)), b(r.vec(O)), out(zeros((size_t)M * O));
+    Buf dout(r.vec((size_t)M * O)), din(r.vec((size_t)M * I)), dw(r.vec((size_t)I * O)), db(r.vec(O));
+    out.poison();
+    cpu::linear_forward(out.h.data(), in.h.data(), w.h.data(), b.h.data(), M, I, O);
+    gpu::linear_forward(out.d, in.d, w.d, b.d, M, I, O);
+    rep.same(out, "linear_forward");
+    cpu::linear_backward(din.h.data(), dw.h.data(), db.h.data(), dout.h.data(), in.h.data(), w.h.data(), M, I, O);
+    gpu::linear_backward(din.d, dw.d, db.d, dout.d, in.d, w.d, M, I, O);
+    rep.same(din, "linear_backward din");
+    rep.same(dw, "linear_backward dw");
+    rep.same(db, "linear_backward db");
+  }
+
+  // attention: padding mask with a fully masked sentence, causal mask, dropout on the weights
+  for (int causal = 0; causal < 2; ++causal)
+    for (int dropped = 0; dropped < 2; ++dropped) {
+      const int lk = causal ? Lq : Lk;
+      std::vector<uint8_t> valid((size_t)B * lk, 1);
+      valid[(size_t)0 * lk + lk - 1] = 0;                          // padding at the end of sentence 0
+      for (int j = 0; j < lk; ++j) valid[(size_t)2 * lk + j] = 0;  // sentence 2: every key masked
+      uint8_t* dvalid = gpu::alloc_bytes(valid.size());
+      gpu::upload(dvalid, valid.data(), valid.size());
+      const DropoutKey key = dropped ? drop : none;
+      Buf q(r.vec((size_t)B * Lq * D)), k(r.vec((size_t)B * lk * D)), v(r.vec((size_t)B * lk * D));
+      Buf ctx(zeros((size_t)B * Lq * D)), p(zeros((size_t)B * H * Lq * lk));
+      Buf dctx(r.vec((size_t)B * Lq * D)), dq(r.vec((size_t)B * Lq * D)), dk(r.vec((size_t)B * lk * D)), dv(r.vec((size_t)B * lk * D));
+      ctx.poison(), p.poison();
+      const std::string tag = std::string(causal ? " causal" : " padding") + (dropped ? " dropout" : "");
+      cpu::attention_forward(ctx.h.data(), p.h.data(), q.h.data(), k.h.data(), v.h.data(), valid.data(), causal, key, B, Lq, lk, D, H);
+      gpu::attention_forward(ctx.d, p.d, q.d, k.d, v.d, dvalid, causal, key, B, Lq, lk, D, H);
+      rep.same(ctx, "attention_forward ctx" + tag);
+      rep.same(p, "attention_forward p" + tag);
+      cpu::attention_backward(dq.h.data(), dk.h.data(), dv.h.data(), dctx.h.data(), p.h.data(), q.h.data(), k.h.data(), v.h.data(),
+                              key, B, Lq, lk, D, H);
+      gpu::attention_backward(dq.d, dk.d, dv.d, dctx.d, p.d, q.d, k.d, v.d, key, B, Lq, lk, D, H);
+      rep.same(dq, "attention_backward dq" + tag);
+      rep.same(dk, "attention_backward dk" + tag);
+      rep.same(dv, "attention_backward dv" + tag);
+      gpu::release(dvalid);
+    }
+
+  // multi-head attention (cross: Lq queries, Lk keys)
+  {
+    std::vector<uint8_t> valid((size_t)B * Lk, 1);
+    valid[Lk - 1] = 0;
+    uint8_t* dvalid = gpu::alloc_bytes(valid.size());
+    gpu::upload(dvalid, valid.data(), valid.size());
+    Buf xq(r.vec((size_t)M * D)), xkv(r.vec((size_t)B * Lk * D)), wq(r.vec(D * D)), wk(r.vec(D * D)), wv(r.vec(D * D)), wo(r.vec(D * D));
+    Buf aq(zeros((size_t)M * D)), ak(zeros((size_t)B * Lk * D)), av(zeros((size_t)B * Lk * D)),
+        ap(zeros((size_t)B * H * Lq * Lk)), actx(zeros((size_t)M * D)), out(zeros((size_t)M * D));
+    Buf sq(zeros((size_t)M * D)), sk(zeros((size_t)B * Lk * D)), sv(zeros((size_t)B * Lk * D)),
+        sctx(zeros((size_t)M * D));
+    Buf dout(r.vec((size_t)M * D)), dxq(r.vec((size_t)M * D)), dxkv(r.vec((size_t)B * Lk * D));
+    Buf dwq(r.vec(D * D)), dwk(r.vec(D * D)), dwv(r.vec(D * D)), dwo(r.vec(D * D));
+    for (Buf* b : {&aq, &ak, &av, &ap, &actx, &out, &sq, &sk, &sv, &sctx}) b->poison();
+    auto host = [](Buf& a, Buf& b, Buf& c, Buf& d) { return AttentionWeights<float>{a.h.data(), b.h.data(), c.h.data(), d.h.data()}; };
+    auto dev = [](Buf& a, Buf& b, Buf& c, Buf& d) { return AttentionWeights<float>{a.d, b.d, c.d, d.d}; };
+    AttentionActs<float> ha{aq.h.data(), ak.h.data(), av.h.data(), ap.h.data(), actx.h.data()}, da{aq.d, ak.d, av.d, ap.d, actx.d};
+    AttentionActs<float> hs{sq.h.data(), sk.h.data(), sv.h.data(), nullptr, sctx.h.data()}, ds{sq.d, sk.d, sv.d, nullptr, sctx.d};
+    cpu::multihead_attention_forward(out.h.data(), ha, xq.h.data(), xkv.h.data(), host(wq, wk, wv, wo), valid.data(), false, drop, B, Lq, Lk, D, H);
+    gpu::multihead_attention_forward(out.d, da, xq.d, xkv.d, dev(wq, wk, wv, wo), dvalid, false, drop, B, Lq, Lk, D, H);
+    rep.same(out, "multihead_attention_forward");
+    cpu::multihead_attention_backward(dxq.h.data(), dxkv.h.data(), host(dwq, dwk, dwv, dwo), dout.h.data(), ha, hs, xq.h.data(),
+                                      xkv.h.data(), host(wq, wk, wv, wo), drop, B, Lq, Lk, D, H);
+    gpu::multihead_attention_backward(dxq.d, dxkv.d, dev(dwq, dwk, dwv, dwo), dout.d, da, ds, xq.d, xkv.d, dev(wq, wk, wv, wo), drop, B,
+                                      Lq, Lk, D, H);
+    rep.same(dxq, "multihead_attention_backward dxq");
+    rep.same(dxkv, "multihead_attention_backward dxkv");
+    for (auto [b, name] : {std::pair{&dwq, "dWq"}, std::pair{&dwk, "dWk"}, std::pair{&dwv, "dWv"}, std::pair{&dwo, "dWo"}})
+      rep.same(*b, std::string("multihead_attention_backward ") + name);
+    gpu::release(dvalid);
+  }
+
+  // FFN with ReLU dropout
+  {
+    Buf in(r.vec((size_t)M * D)), w1(r.vec((size_t)D * F)), b1(r.vec(F)), w2(r.vec((size_t)F * D)), b2(r.vec(D));
+    Buf hpre(zeros((size_t)M * F)), h(zeros((size_t)M * F)), out(zeros((size_t)M * D));
+    Buf dout(r.vec((size_t)M * D)), din(r.vec((size_t)M * D)), dh(zeros((size_t)M * F));
+    Buf dw1(r.vec((size_t)D * F)), db1(r.vec(F)), dw2(r.vec((size_t)F * D)), db2(r.vec(D));
+    hpre.poison(), h.poison(), out.poison(), dh.poison();
+    cpu::ffn_forward(out.h.data(), FfnActs<float>{hpre.h.data(), h.h.data()}, in.h.data(),
+                     FfnWeights<float>{w1.h.data(), b1.h.data(), w2.h.data(), b2.h.data()}, drop, M, D, F);
+    gpu::ffn_forward(out.d, FfnActs<float>{hpre.d, h.d}, in.d, FfnWeights<float>{w1.d, b1.d, w2.d, b2.d}, drop, M, D, F);
+    rep.same(out, "ffn_forward");
+    cpu::ffn_backward(din.h.data(), FfnWeights<float>{dw1.h.data(), db1.h.data(), dw2.h.data(), db2.h.data()}, dh.h.data(),
+                      dout.h.data(), FfnActs<float>{hpre.h.data(), h.h.data()}, in.h.data(),
+                      FfnWeights<float>{w1.h.data(), b1.h.data(), w2.h.data(), b2.h.data()}, drop, M, D, F);
+    gpu::ffn_backward(din.d, FfnWeights<float>{dw1.d, db1.d, dw2.d, db2.d}, dh.d, dout.d, FfnActs<float>{hpre.d, h.d}, in.d,
+                      FfnWeights<float>{w1.d, b1.d, w2.d, b2.d}, drop, M, D, F);
+    rep.same(din, "ffn_backward din");
+    for (auto [b, name] : {std::pair{&dw1, "dW1"}, std::pair{&db1, "db1"}, std::pair{&dw2, "dW2"}, std::pair{&db2, "db2"}})
+      rep.same(*b, std::string("ffn_backward ") + name);
+  }
+
+  // LayerNorm and the residual
+  {
+    Buf in(r.vec((size_t)M * D, -3, 5)), g(r.vec(D, 0.5, 1.5)), b(r.vec(D)), out(zeros((size_t)M * D));
+    Buf mean(zeros(M)), rstd(zeros(M)), dout(r.vec((size_t)M * D)), din(r.vec((size_t)M * D)), dg(r.vec(D)),
+        db(r.vec(D));
+    out.poison(), mean.poison(), rstd.poison();
+    cpu::layernorm_forward(out.h.data(), mean.h.data(), rstd.h.data(), in.h.data(), g.h.data(), b.h.data(), M, D, 1e-6);
+    gpu::layernorm_forward(out.d, mean.d, rstd.d, in.d, g.d, b.d, M, D, 1e-6);
+    rep.same(out, "layernorm_forward");
+    rep.same(mean, "layernorm_forward mean");
+    rep.same(rstd, "layernorm_forward rstd");
+    cpu::layernorm_backward(din.h.data(), dg.h.data(), db.h.data(), dout.h.data(), in.h.data(), g.h.data(), mean.h.data(), rstd.h.data(), M, D);
+    gpu::layernorm_backward(din.d, dg.d, db.d, dout.d, in.d, g.d, mean.d, rstd.d, M, D);
+    rep.same(din, "layernorm_backward din");
+    rep.same(dg, "layernorm_backward dg");
+    rep.same(db, "layernorm_backward db");
+    const size_t n = (size_t)M * D;
+    Buf x(r.vec(n)), y(r.vec(n)), sum(zeros(n)), dx(r.vec(n)), dy(r.vec(n));
+    sum.poison();
+    cpu::residual_forward(sum.h.data(), x.h.data(), y.h.data(), n);
+    gpu::residual_forward(sum.d, x.d, y.d, n);
+    rep.same(sum, "residual_forward");
+    cpu::residual_backward(dx.h.data(), dy.h.data(), dout.h.data(), n);
+    gpu::residual_backward(dx.d, dy.d, dout.d, n);
+    rep.same(dx, "residual_backward dx");
+    rep.same(dy, "residual_backward dy");
+  }
+
+  // the output projection and the label-smoothed cross-entropy (both smoothing forms), padding ignored
+  for (LabelSmoothing form : {LabelSmoothing::others_only, LabelSmoothing::uniform_all}) {
+    Buf y(r.vec((size_t)M * D)), emb(r.vec((size_t)V * D)), logits(zeros((size_t)M * V)), lse(zeros(M));
+    Buf dlogits(zeros((size_t)M * V)), dy(r.vec((size_t)M * D)), demb(r.vec((size_t)V * D));
+    std::vector<int> targets(M);
+    for (int i = 0; i < M; ++i) targets[i] = i % 5 == 4 ? kPadId : 1 + (int)(r.uniform(0, 1) * (V - 1)) % (V - 1);
+    int* dt = gpu::alloc_ints(M);
+    gpu::upload(dt, targets.data(), M);
+    logits.poison(), lse.poison();
+    cpu::output_projection_forward(logits.h.data(), y.h.data(), emb.h.data(), M, D, V);
+    gpu::output_projection_forward(logits.d, y.d, emb.d, M, D, V);
+    rep.same(logits, "output_projection_forward");
+    gpu::upload(logits.d, logits.h.data(), logits.h.size());  // the loss ops see identical logits
+    const double lc = cpu::label_smoothed_xent_forward(lse.h.data(), logits.h.data(), targets.data(), M, V, 0.1, form, kPadId);
+    const double lg = gpu::label_smoothed_xent_forward(lse.d, logits.d, dt, M, V, 0.1, form, kPadId);
+    const std::string f = form == LabelSmoothing::others_only ? " (others_only)" : " (uniform_all)";
+    std::printf("  %-44s %.9g vs %.9g\n", ("label_smoothed_xent_forward loss" + f).c_str(), lg, lc);
+    ck.close(lg, lc, kTol, kTol * kFloor, ("label_smoothed_xent_forward loss" + f).c_str());
+    rep.same(lse, "label_smoothed_xent_forward lse" + f);
+    std::fill(dlogits.h.begin(), dlogits.h.end(), 0.f);
+    gpu::fill(dlogits.d, 0, dlogits.h.size());
+    cpu::label_smoothed_xent_backward(dlogits.h.data(), logits.h.data(), lse.h.data(), targets.data(), M, V, 0.1, form, kPadId);
+    gpu::label_smoothed_xent_backward(dlogits.d, logits.d, lse.d, dt, M, V, 0.1, form, kPadId);
+    rep.same(dlogits, "label_smoothed_xent_backward" + f);
+    gpu::upload(dlogits.d, dlogits.h.data(), dlogits.h.size());
+    cpu::output_projection_backward(dy.h.data(), demb.h.data(), dlogits.h.data(), y.h.data(), emb.h.data(), M, D, V);
+    gpu::output_projection_backward(dy.d, demb.d, dlogits.d, y.d, emb.d, M, D, V);
+    rep.same(dy, "output_projection_backward dy" + f);
+    rep.same(demb, "output_projection_backward demb" + f);
+    gpu::release(dt);
+  }
+
+  // Adam (Eq. 3's learning rate computed on the host), gradient norm, scaling
+  {
+    const size_t n = 4099;
+    Buf p(r.vec(n)), g(r.vec(n)), m(r.vec(n, -0.1f, 0.1f)), v(r.vec(n, 0, 0.1f));
+    const double lr = learning_rate(7, 512, 4000, 1.0);
+    cpu::adam_update(p.h.data(), g.h.data(), m.h.data(), v.h.data(), n, lr, 0.9, 0.98, 1e-9, 7);
+    gpu::adam_update(p.d, g.d, m.d, v.d, n, lr, 0.9, 0.98, 1e-9, 7);
+    rep.same(p, "adam_update params");
+    rep.same(m, "adam_update m");
+    rep.same(v, "adam_update v");
+    const double nc = cpu::grad_norm(g.h.data(), n), ng = gpu::grad_norm(g.d, n);
+    ck.close(ng, nc, kTol, kTol * kFloor, "grad_norm");
+    cpu::scale_grads(g.h.data(), n, 0.37);
+    gpu::scale_grads(g.d, n, 0.37);
+    rep.same(g, "scale_grads");
+  }
+  return ck.finish();
+}
+#endif
