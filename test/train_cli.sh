@@ -11,24 +11,8 @@ train="$root/train"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 cd "$work"
-fails=0 checks=0
-check() {  # check DESCRIPTION COMMAND...
-  local what="$1"; shift
-  checks=$((checks + 1))
-  if ! "$@"; then echo "FAIL train_cli: $what"; fails=$((fails + 1)); fi
-}
-# expect_error DESCRIPTION PATTERN COMMAND...: non-zero exit, one line on stderr matching PATTERN
-expect_error() {
-  local what="$1" pattern="$2"; shift 2
-  checks=$((checks + 1))
-  "$@" > out.txt 2> err.txt
-  local rc=$? lines
-  lines=$(wc -l < err.txt)
-  if [ $rc -eq 0 ] || ! grep -q -- "$pattern" err.txt || [ "$lines" -ne 1 ]; then
-    echo "FAIL train_cli: $what (exit $rc, $lines stderr lines, want /$pattern/):"; cat err.txt
-    fails=$((fails + 1))
-  fi
-}
+NAME=train_cli
+source "$root/test/cli_check.sh"
 common=(--data numbers --quiet --val-every 1000000 --val-sentences 50)
 
 # 1. The loss must end well below chance. With V tokens and label smoothing eps the loss cannot go
@@ -95,5 +79,4 @@ expect_error "bad number" "--max-steps needs an integer" "$train" --max-steps -5
 expect_error "--device cuda without a GPU path" "no GPU training path" "$train" --device cuda
 check "--help lists the options with defaults" sh -c "'$train' --help | grep -q -- '--batch-tokens N .*default 4096'"
 
-echo "train_cli: $checks checks, $fails failed"
-[ $fails -eq 0 ]
+cli_finish

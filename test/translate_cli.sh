@@ -9,23 +9,8 @@ translate="$root/translate"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 cd "$work"
-fails=0 checks=0
-check() {
-  local what="$1"; shift
-  checks=$((checks + 1))
-  if ! "$@"; then echo "FAIL translate_cli: $what"; fails=$((fails + 1)); fi
-}
-expect_error() {
-  local what="$1" pattern="$2"; shift 2
-  checks=$((checks + 1))
-  "$@" > out.txt 2> err.txt
-  local rc=$? lines
-  lines=$(wc -l < err.txt)
-  if [ $rc -eq 0 ] || ! grep -q -- "$pattern" err.txt || [ "$lines" -ne 1 ]; then
-    echo "FAIL translate_cli: $what (exit $rc, $lines stderr lines, want /$pattern/):"; cat err.txt
-    fails=$((fails + 1))
-  fi
-}
+NAME=translate_cli
+source "$root/test/cli_check.sh"
 "$root/train" --data numbers --quiet --max-steps 300 --val-every 1000000 --val-sentences 10 --out run > train.log 2>&1 ||
   { echo "translate_cli: training the test model failed"; cat train.log; exit 1; }
 m=(-m run/model.bin)
@@ -74,5 +59,4 @@ echo "$long" | "$translate" "${m[@]}" > long.txt 2> long.err
 check "an over-long line is truncated with a warning" grep -q "stdin:1: .* tokens, truncated to the model's maximum of 63" long.err
 check "and still translated" test "$(wc -l < long.txt)" -eq 1
 
-echo "translate_cli: $checks checks, $fails failed"
-[ $fails -eq 0 ]
+cli_finish
