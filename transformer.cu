@@ -2028,6 +2028,105 @@ void scale_grads(float* grads, size_t n, double factor) {
 }
 
 }  // namespace gpu
+
+// ---- the model on the GPU: the same call list (forward_pass, backward_pass) with GpuOps ------------------
+#define GPU_OP(name) \
+  template <typename... A> static auto name(A&&... args) { return gpu::name(std::forward<A>(args)...); }
+struct GpuOps {
+  TRANSFORMER_OPS(GPU_OP)
+  static void zero(float* p, size_t n) { gpu::fill(p, 0, n); }
+  static void copy(float* dst, const float* src, size_t n) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice));
+  }
+};
+
+class GpuModel : public DeviceModel {
+ public:
+  explicit GpuModel(Transformer<float>& model) : m(model), n(model.params.size()) {
+    params = gpu::alloc(n), grads = gpu::alloc(n), adam_m = gpu::alloc(n), adam_v = gpu::alloc(n);
+    gpu::upload(params, m.params.data(), n);  // one upload of each buffer
+    gpu::upload(grads, m.grads.data(), n);
+    gpu::upload(adam_m, m.adam_m.data(), n);
+    gpu::upload(adam_v, m.adam_v.data(), n);
+    parameter_layout<float>(m.cfg, params, &W, nullptr);
+    parameter_layout<float>(m.cfg, grads, &G, nullptr);
+  }
+  ~GpuModel() override {  // no throwing from here: errors are ignored
+    for (void* p : {(void*)params, (void*)grads, (void*)adam_m, (void*)adam_v, (void*)arena, (void*)ids, (void*)valid}) cudaFree(p);
+  }
+  double forward(const Batch& b, bool train) override {
+    validate_batch(m.cfg, b);
+    prepare_activations(acts, m.cfg, b, [&](size_t need) {
+      if (need > arena_size) {
+        if (arena) gpu::release(arena);
+        arena = gpu::alloc(need), arena_size = need;
+      }
+      return arena;
+    });
+    const size_t ns = b.src.size(), nt = b.tgt_in.size();
+    if (ns + 2 * nt > ids_size) {
+      if (ids) gpu::release(ids), gpu::release(valid);
+      ids_size = ns + 2 * nt;
+      ids = gpu::alloc_ints(ids_size), valid = gpu::alloc_bytes(ids_size);
+    }
+    gpu::upload(ids, b.src.data(), ns);
+    gpu::upload(ids + ns, b.tgt_in.data(), nt);
+    gpu::upload(ids + ns + nt, b.tgt_out.data(), nt);
+    gpu::upload(valid, acts.src_valid.data(), ns);
+    gpu::upload(valid + ns, acts.tgt_valid.data(), nt);
+    B = b.B, S = b.S, Tl = b.T;
+    return forward_pass<GpuOps>(pass(train));
+  }
+  void backward(const Batch& b, bool train) override {
+    if (b.B != B || b.S != S || b.T != Tl) throw std::logic_error("backward of another batch than the last forward");
+    backward_pass<GpuOps>(pass(train));
+  }
+  void zero_grad() override { gpu::fill(grads, 0, n); }
+  void update(double lr) override { optimizer_step<GpuOps>(m.cfg, params, grads, adam_m, adam_v, n, lr, m.step); }
+  void download() override {
+    gpu::download(m.params.data(), params, n);
+    gpu::download(m.grads.data(), grads, n);
+    gpu::download(m.adam_m.data(), adam_m, n);
+    gpu::download(m.adam_v.data(), adam_v, n);
+  }
+
+ private:
+  Pass<float> pass(bool train) {
+    const size_t ns = (size_t)B * S, nt = (size_t)B * Tl;
+    return Pass<float>{m.cfg, W, G, acts, ids, ids + ns, ids + ns + nt, valid, valid + ns, B, S, Tl, m.seed, m.step, train};
+  }
+  Transformer<float>& m;
+  size_t n;
+  float *params = nullptr, *grads = nullptr, *adam_m = nullptr, *adam_v = nullptr;  // one buffer each
+  Weights<float> W, G;                                                              // views into them
+  Activations<float> acts;  // carved in the device arena
+  float* arena = nullptr;
+  size_t arena_size = 0, ids_size = 0;
+  int* ids = nullptr;         // src, tgt_in, tgt_out of the batch
+  uint8_t* valid = nullptr;   // src_valid, tgt_valid
+  int B = 0, S = 0, Tl = 0;   // the shape of the last forward
+};
+
+static std::unique_ptr<DeviceModel> make_gpu_model(Transformer<float>& m) {
+  if (!gpu_available()) throw std::runtime_error("--device cuda: no GPU is present (use --device cpu)");
+  return std::make_unique<GpuModel>(m);
+}
 #else
 bool gpu_available() { return false; }  // compiled by g++: no CUDA path in this build
+static std::unique_ptr<DeviceModel> make_gpu_model(Transformer<float>&) {
+  throw std::runtime_error("--device cuda: this build has no CUDA path (built with CPU=1 or without nvcc); use --device cpu");
+}
 #endif
+
+void transformer_download(Transformer<float>& m) {
+  if (m.device) m.device->download();
+}
+
+void transformer_to_device(Transformer<float>& m, Device d) {
+  if (d == Device::cpu) {
+    transformer_download(m);
+    m.device.reset();
+  } else if (!m.device) {
+    m.device = make_gpu_model(m);
+  }
+}

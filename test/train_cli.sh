@@ -76,7 +76,7 @@ cp othervocab/vocab.bpe resumed/vocab.bpe
 expect_error "resume with another vocabulary" "another vocabulary" "$train" "${common[@]}" --max-steps 41 --out resumed --resume
 expect_error "unknown option" "unknown option '--bogus'" "$train" --bogus
 expect_error "bad number" "--max-steps needs an integer" "$train" --max-steps -5
-expect_error "--device cuda without a GPU path" "no GPU training path" "$train" --device cuda
+expect_error "--device cuda without a GPU" "use --device cpu" "$train" "${common[@]}" --max-steps 1 --out nogpu --device cuda
 check "--help lists the options with defaults" sh -c "'$train' --help | grep -q -- '--batch-tokens N .*default 4096'"
 
 cli_finish
