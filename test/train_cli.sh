@@ -77,6 +77,7 @@ expect_error "resume with another vocabulary" "another vocabulary" "$train" "${c
 expect_error "unknown option" "unknown option '--bogus'" "$train" --bogus
 expect_error "bad number" "--max-steps needs an integer" "$train" --max-steps -5
 expect_error "--device cuda without a GPU" "use --device cpu" "$train" "${common[@]}" --max-steps 1 --out nogpu --device cuda
+check "--bpe-only shows how a line splits" sh -c "echo 'three hundred' | '$train' --data numbers --vocab short/vocab.bpe --bpe-only | grep -q '^▁th.* ▁hundred$'"
 check "--help lists the options with defaults" sh -c "'$train' --help | grep -q -- '--batch-tokens N .*default 4096'"
 
 cli_finish
