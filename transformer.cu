@@ -1573,6 +1573,13 @@ template <typename T> static T* alloc_of(size_t n) {
   return (T*)p;
 }
 float* alloc(size_t n) { return alloc_of<float>(n); }
+// Device doubles that the reductions write into (the loss and its token count, the gradient's squared
+// norm), allocated once: no allocation, an implicit synchronisation, inside a training step.
+enum Scalar { kLossSum, kTokenCount, kSquareSum, kScalars };
+static double* scalar(Scalar which) {
+  static double* slots = alloc_of<double>(kScalars);
+  return slots + which;
+}
 int* alloc_ints(size_t n) { return alloc_of<int>(n); }
 uint8_t* alloc_bytes(size_t n) { return alloc_of<uint8_t>(n); }
 void release(void* p) { CUDA_CHECK(cudaFree(p)); }
@@ -1643,8 +1650,8 @@ void linear_forward(float* out, const float* in, const float* w, const float* b,
 
 void linear_backward(float* din, float* dw, float* db, const float* dout, const float* in, const float* w, int M, int I, int O) {
   // forward was: out = in @ w + b; so now: din += dout @ w^T, dw += in^T @ dout, db += sum_rows dout
-  gemm(false, true, M, I, O, dout, O, w, O, din, I, true);
-  gemm(true, false, I, O, M, in, I, dout, O, dw, O, true);
+  if (din) gemm(false, true, M, I, O, dout, O, w, O, din, I, true);
+  if (dw) gemm(true, false, I, O, M, in, I, dout, O, dw, O, true);
   if (db) column_sum_kernel<<<blocks_for(O), 256>>>(db, dout, M, O), check_launch();
 }
 
@@ -1926,8 +1933,8 @@ void output_projection_backward(float* dy, float* demb, const float* dlogits, co
 }
 
 // ---- §5.4 label-smoothed cross-entropy: softmax and loss fused, one block per row -------------------
-__global__ void xent_forward_kernel(float* lse, double* row_loss, const float* logits, const int* targets, int V, double qt,
-                                    double qo, int pad) {
+__global__ void xent_forward_kernel(float* lse, double* loss_sum, double* tokens, const float* logits, const int* targets, int V,
+                                    double qt, double qo, int pad) {
   __shared__ float red[kRowThreads];
   __shared__ double dred[kRowThreads];
   const float* z = logits + (size_t)blockIdx.x * V;
@@ -1943,14 +1950,24 @@ __global__ void xent_forward_kernel(float* lse, double* row_loss, const float* l
     lse[blockIdx.x] = l;
     const int t = targets[blockIdx.x];
     // -sum_v q_v log softmax(z)_v = lse - sum_v q_v z_v   (sum_v q_v = 1)
-    row_loss[blockIdx.x] = t == pad ? 0.0 : (double)l - (qo * zsum + (qt - qo) * (double)z[t]);
+    if (t != pad) atomicAdd(loss_sum, (double)l - (qo * zsum + (qt - qo) * (double)z[t])), atomicAdd(tokens, 1.0);
   }
 }
 
+// tokens += the number of targets that are not padding (the loss's denominator)
+__global__ void count_targets_kernel(double* tokens, const int* targets, size_t M, int pad) {
+  __shared__ double red[kRowThreads];
+  double c = 0;
+  GRID_STRIDE(i, M) c += targets[i] != pad;
+  c = block_sum(c, red);
+  if (threadIdx.x == 0) atomicAdd(tokens, c);
+}
+
 __global__ void xent_backward_kernel(float* dlogits, const float* logits, const float* lse, const int* targets, int V, float qt,
-                                     float qo, float inv_n, int pad) {
+                                     float qo, const double* tokens, int pad) {
   const int t = targets[blockIdx.x];
-  if (t == pad) return;
+  if (t == pad || *tokens == 0) return;
+  const float inv_n = (float)(1.0 / *tokens);
   const float* z = logits + (size_t)blockIdx.x * V;
   float* dz = dlogits + (size_t)blockIdx.x * V;
   const float l = lse[blockIdx.x];
@@ -1962,31 +1979,26 @@ double label_smoothed_xent_forward(float* lse, const float* logits, const int* t
   double qt, qo;
   cpu::smoothing_weights(eps, form, V, &qt, &qo);
   if (M == 0) return 0;
-  double* row_loss = alloc_of<double>(M);
-  xent_forward_kernel<<<M, kRowThreads>>>(lse, row_loss, logits, targets, V, qt, qo, pad);
+  CUDA_CHECK(cudaMemsetAsync(scalar(kLossSum), 0, sizeof(double)));
+  CUDA_CHECK(cudaMemsetAsync(scalar(kTokenCount), 0, sizeof(double)));
+  xent_forward_kernel<<<M, kRowThreads>>>(lse, scalar(kLossSum), scalar(kTokenCount), logits, targets, V, qt, qo, pad);
   check_launch();
-  std::vector<double> host(M);
-  std::vector<int> tgt(M);
-  CUDA_CHECK(cudaMemcpy(host.data(), row_loss, M * sizeof(double), cudaMemcpyDeviceToHost));  // the one read-back
-  CUDA_CHECK(cudaMemcpy(tgt.data(), targets, M * sizeof(int), cudaMemcpyDeviceToHost));
-  release(row_loss);
-  double total = 0;
-  long n = 0;
-  for (int i = 0; i < M; ++i)
-    if (tgt[i] != pad) total += host[i], n += 1;
-  return n ? total / n : 0.0;
+  double total = 0, n = 0;  // the one read-back of a step: the sum over real tokens and their count
+  CUDA_CHECK(cudaMemcpy(&total, scalar(kLossSum), sizeof(double), cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(&n, scalar(kTokenCount), sizeof(double), cudaMemcpyDeviceToHost));
+  return n > 0 ? total / n : 0.0;
 }
 
 void label_smoothed_xent_backward(float* dlogits, const float* logits, const float* lse, const int* targets, int M, int V,
                                   double eps, LabelSmoothing form, int pad) {
   double qt, qo;
   cpu::smoothing_weights(eps, form, V, &qt, &qo);
-  std::vector<int> tgt(M);
-  CUDA_CHECK(cudaMemcpy(tgt.data(), targets, M * sizeof(int), cudaMemcpyDeviceToHost));
-  long n = 0;
-  for (int t : tgt) n += t != pad;
-  if (n == 0) return;
-  xent_backward_kernel<<<M, kRowThreads>>>(dlogits, logits, lse, targets, V, (float)qt, (float)qo, (float)(1.0 / n), pad);
+  if (M == 0) return;
+  // the number of real tokens is counted on the device: nothing comes back to the host
+  CUDA_CHECK(cudaMemsetAsync(scalar(kTokenCount), 0, sizeof(double)));
+  count_targets_kernel<<<std::min(blocks_for(M), 64u), kRowThreads>>>(scalar(kTokenCount), targets, M, pad);
+  check_launch();
+  xent_backward_kernel<<<M, kRowThreads>>>(dlogits, logits, lse, targets, V, (float)qt, (float)qo, scalar(kTokenCount), pad);
   check_launch();
 }
 
@@ -2014,12 +2026,11 @@ __global__ void square_sum_kernel(double* out, const float* g, size_t n) {
   if (threadIdx.x == 0) atomicAdd(out, s);
 }
 double grad_norm(const float* grads, size_t n) {
-  double* sum = alloc_of<double>(1);
-  CUDA_CHECK(cudaMemset(sum, 0, sizeof(double)));
+  double* sum = scalar(kSquareSum);
+  CUDA_CHECK(cudaMemsetAsync(sum, 0, sizeof(double)));
   if (n) square_sum_kernel<<<std::min(blocks_for(n), 1024u), 256>>>(sum, grads, n), check_launch();
   double host = 0;
   CUDA_CHECK(cudaMemcpy(&host, sum, sizeof(double), cudaMemcpyDeviceToHost));
-  release(sum);
   return std::sqrt(host);
 }
 __global__ void scale_kernel(float* g, size_t n, float f) { GRID_STRIDE(i, n) g[i] *= f; }
