@@ -2,7 +2,11 @@
 // backward, in fp32 with TF32 off, on random inputs with odd sizes, padding and causal masks, a fully
 // masked row and dropout on. Outputs are poisoned with NaN before each GPU run so an unwritten element
 // is caught; gradients start from the same random values on both sides, so "backward adds" is checked.
-// Tolerance: relative error <= 1e-5 against max(|cpu|, 1e-4) (the absolute floor).
+// Tolerance: relative error <= 1e-5 against max(|cpu|, 0.1), i.e. an absolute floor of 1e-6: the inputs
+// are O(1), and two fp32 sums of the same terms in another order (cuBLAS's fused multiply-adds, the
+// CPU's SIMD reductions) differ by ~1e-7 absolute, which a smaller floor would count against values
+// that cancel to near zero. (Measured on the CPU: fp32 against double over the whole model's step,
+// floor 1e-4 puts ~200 of 6188 gradient elements over 1e-5, floor 0.1 none, worst 1.8e-6.)
 // Exits 77 when the build has no CUDA path or no GPU is present (CTest: skipped).
 #include <algorithm>
 #include <cmath>
@@ -22,7 +26,7 @@ int main() {
 
 namespace {
 
-constexpr double kTol = 1e-5, kFloor = 1e-4;
+constexpr double kTol = 1e-5, kFloor = 0.1;
 
 struct Rand {
   uint64_t s;
