@@ -480,7 +480,9 @@ void limit_openmp_spinning(char** argv) {
 int main(int argc, char** argv) {
   limit_openmp_spinning(argv);
   Options o = parse(argc, argv);
-  if (o.device == "cuda") fail("--device cuda: this build has no GPU training path yet; use --device cpu");
+  if (o.device == "cuda")
+    fail(gpu_available() ? "--device cuda: no GPU training path yet (the GPU sub-layers exist, the training loop runs on the CPU); use --device cpu"
+                         : "--device cuda: no GPU here (this build has no CUDA path, or the machine no GPU); use --device cpu");
   Corpus corpus = load_corpus(o);
   Config cfg = build_config(o, corpus.numbers);
   if (o.out.empty()) o.out = corpus.numbers ? "runs/numbers" : "runs/multi30k-" + o.src + "-" + o.tgt;
@@ -639,7 +641,7 @@ int main(int argc, char** argv) {
       const double loss = transformer_forward(m, b, true);
       if (!std::isfinite(loss)) {
         if (tty) std::fprintf(stderr, "\n");
-        fail("the loss is " + fmt(loss) + " at step " + std::to_string(m.step + 1) + ": training stopped; the last good checkpoint (" +
+        fail("the loss is " + (std::isnan(loss) ? std::string("NaN") : std::to_string(loss)) + " at step " + std::to_string(m.step + 1) + ": training stopped; the last good checkpoint (" +
              (last_good.empty() ? "none written in this run" : last_good) + ") is kept. Try a lower --lr-scale or a longer --warmup");
       }
       transformer_backward(m, b, true);
