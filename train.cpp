@@ -682,7 +682,7 @@ int main(int argc, char** argv) {
               clock_text(st.elapsed).c_str());
   if (!all_finite(m.params)) fail("a parameter is not finite: the final checkpoint was not written; " + last_good + " is kept");
   last_good = save_checkpoint(o.out, m, tok.hash(), st, o.keep);
-  if (rows.empty() || std::isnan(rows.back().val_loss)) {  // the final figures on the validation split
+  if (!interrupted && (rows.empty() || std::isnan(rows.back().val_loss))) {  // the final figures on the validation split
     LogRow row{m.step, st.epoch + (double)st.batch / batches.size(), NAN, NAN, NAN, NAN, NAN, NAN};
     if (!rows.empty()) row.loss = rows.back().loss, row.lr = rows.back().lr, row.tok_per_s = rows.back().tok_per_s;
     validate(row);
