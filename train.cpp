@@ -37,7 +37,7 @@ struct Options {
   int batch_tokens = -1;     // -1: 4096 (small and up), 1024 (tiny)
   long epochs = -1, max_steps = -1;
   double time_limit = -1;    // seconds; -1: none (Multi30k), 175 (number corpus)
-  std::string device = "cpu";
+  std::string device;  // "": cuda when a GPU is present, else cpu
   uint64_t seed = 1;
   bool resume = false, bpe_only = false, quiet = false;
   double checkpoint_minutes = 10;
@@ -75,7 +75,7 @@ void usage() {
       "  --clip-norm C          global gradient-norm clipping [DEVIATION] (default off)\n"
       "  --epochs N --max-steps N --time-limit SECONDS   stop at the first reached (default: 40 epochs on\n"
       "                         Multi30k; 175 s on numbers)\n"
-      "  --device cpu|cuda      (default cpu)\n"
+      "  --device cpu|cuda      (default: cuda when a GPU is present, else cpu)\n"
       "  --seed N               initialisation, dropout and batch order (default 1)\n"
       "  --out DIR              run folder: vocab.bpe, ckpt-*.bin, model.bin, log.csv, curves.svg\n"
       "                         (default runs/multi30k-SRC-TGT or runs/numbers)\n"
@@ -151,7 +151,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--quiet") o.quiet = true;
     else fail("unknown option '" + a + "' (see --help)");
   }
-  if (o.device != "cpu" && o.device != "cuda") fail("--device must be cpu or cuda, got '" + o.device + "'");
+  if (!o.device.empty() && o.device != "cpu" && o.device != "cuda") fail("--device must be cpu or cuda, got '" + o.device + "'");
   if (o.average > o.keep) fail("--average " + std::to_string(o.average) + " needs --keep of at least as many checkpoints");
   return o;
 }
@@ -330,6 +330,7 @@ Evaluation evaluate(Transformer<float>& m, const std::vector<Pair>& pairs, const
     n += k;
   }
   e.loss = n ? sum / n : NAN;
+  transformer_download(m);  // decoding runs on the CPU, from the host copy of the parameters
   const size_t count = std::min(pairs.size(), (size_t)decode);
   if (count == 0) return e;
   std::vector<std::vector<int>> src;
@@ -432,7 +433,9 @@ bool all_finite(const std::vector<float>& v) {
 }
 
 // Writes DIR/ckpt-STEP.bin, points DIR/model.bin at it, keeps the newest `keep`.
-std::string save_checkpoint(const std::string& dir, const Transformer<float>& m, uint64_t vocab_hash, const TrainState& st, int keep) {
+std::string save_checkpoint(const std::string& dir, Transformer<float>& m, uint64_t vocab_hash, const TrainState& st, int keep) {
+  transformer_download(m);
+  if (!all_finite(m.params)) fail("a parameter is not finite at step " + std::to_string(m.step) + ": training stopped; the checkpoints written before are kept");
   char name[64];
   std::snprintf(name, sizeof name, "ckpt-%010ld.bin", m.step);
   const std::string path = dir + "/" + name;
@@ -480,9 +483,7 @@ void limit_openmp_spinning(char** argv) {
 int main(int argc, char** argv) {
   limit_openmp_spinning(argv);
   Options o = parse(argc, argv);
-  if (o.device == "cuda")
-    fail(gpu_available() ? "--device cuda: no GPU training path yet (the GPU sub-layers exist, the training loop runs on the CPU); use --device cpu"
-                         : "--device cuda: no GPU here (this build has no CUDA path, or the machine no GPU); use --device cpu");
+  if (o.device.empty()) o.device = gpu_available() ? "cuda" : "cpu";
   Corpus corpus = load_corpus(o);
   Config cfg = build_config(o, corpus.numbers);
   if (o.out.empty()) o.out = corpus.numbers ? "runs/numbers" : "runs/multi30k-" + o.src + "-" + o.tgt;
@@ -564,6 +565,13 @@ int main(int argc, char** argv) {
     model = std::make_unique<Transformer<float>>(cfg, o.seed);
   }
   Transformer<float>& m = *model;
+  if (o.device == "cuda") {
+    try {
+      transformer_to_device(m, Device::cuda);
+    } catch (const std::runtime_error& e) {
+      fail(e.what());
+    }
+  }
   std::printf("model: N=%d D=%d F=%d H=%d V=%d, %s, %.2fM parameters, dropout %.2f, label smoothing %.2f, device %s\n", cfg.N,
               cfg.D, cfg.F, cfg.H, cfg.V, cfg.pre_ln ? "pre-LN" : "post-LN", m.params.size() / 1e6, cfg.p_drop, cfg.eps_ls,
               o.device.c_str());
@@ -669,7 +677,6 @@ int main(int argc, char** argv) {
       }
       if (std::chrono::duration<double>(now - last_checkpoint).count() > o.checkpoint_minutes * 60 && reason.empty()) {
         st.elapsed = elapsed();
-        if (!all_finite(m.params)) fail("a parameter is not finite at step " + std::to_string(m.step) + ": training stopped; " + last_good + " is kept");
         last_good = save_checkpoint(o.out, m, tok.hash(), st, o.keep);
         write_csv();
         last_checkpoint = now;
@@ -680,7 +687,6 @@ int main(int argc, char** argv) {
   st.elapsed = elapsed();
   std::printf("stopped: %s at step %ld (epoch %.2f) after %s\n", reason.c_str(), m.step, st.epoch + (double)st.batch / batches.size(),
               clock_text(st.elapsed).c_str());
-  if (!all_finite(m.params)) fail("a parameter is not finite: the final checkpoint was not written; " + last_good + " is kept");
   last_good = save_checkpoint(o.out, m, tok.hash(), st, o.keep);
   if (!interrupted && (rows.empty() || std::isnan(rows.back().val_loss))) {  // the final figures on the validation split
     LogRow row{m.step, st.epoch + (double)st.batch / batches.size(), NAN, NAN, NAN, NAN, NAN, NAN};

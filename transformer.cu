@@ -12,6 +12,7 @@
 #include <limits>
 #include <numeric>
 #include <stdexcept>
+#include <utility>
 
 #include <unistd.h>  // fsync
 
@@ -723,9 +724,8 @@ template <typename T> static size_t carve_activations(Activations<T>& a, const C
   return used;
 }
 
-// Checks a batch against the model and carves the arena for its shape.
-template <typename T> static void prepare_batch(Transformer<T>& m, const Batch& batch) {
-  const Config& c = m.cfg;
+// Checks a batch against the model: shape, lengths, token ids.
+static void validate_batch(const Config& c, const Batch& batch) {
   auto need = [](bool ok, const std::string& what) {
     if (!ok) throw std::invalid_argument("invalid batch: " + what);
   };
@@ -737,11 +737,14 @@ template <typename T> static void prepare_batch(Transformer<T>& m, const Batch& 
        "tgt_in/tgt_out are not B x T");
   for (const auto* ids : {&batch.src, &batch.tgt_in, &batch.tgt_out})
     for (int id : *ids) need(id >= 0 && id < c.V, "token id " + std::to_string(id) + " outside the vocabulary");
-  Activations<T>& a = m.acts;
+}
+
+// Carves the arena for a batch's shape (growing it when needed) and marks its real tokens; `base`
+// allocates n elements and returns where they start (a host vector, or device memory).
+template <typename T, typename Allocate>
+static void prepare_activations(Activations<T>& a, const Config& c, const Batch& batch, Allocate allocate) {
   if (a.batch != batch.B || a.src_len != batch.S || a.tgt_len != batch.T) {
-    size_t n = carve_activations<T>(a, c, batch.B, batch.S, batch.T, nullptr);
-    if (a.arena.size() < n) a.arena.assign(n, T(0));
-    carve_activations<T>(a, c, batch.B, batch.S, batch.T, a.arena.data());
+    carve_activations<T>(a, c, batch.B, batch.S, batch.T, allocate(carve_activations<T>(a, c, batch.B, batch.S, batch.T, nullptr)));
     a.batch = batch.B, a.src_len = batch.S, a.tgt_len = batch.T;
   }
   a.src_valid.resize(batch.src.size());
@@ -750,245 +753,304 @@ template <typename T> static void prepare_batch(Transformer<T>& m, const Batch& 
   for (size_t i = 0; i < batch.tgt_in.size(); ++i) a.tgt_valid[i] = batch.tgt_in[i] != kPadId;
 }
 
+// The operations a pass runs, on one device. The model code below is written once, against Ops: CpuOps
+// forwards to namespace cpu; GpuOps (in the GPU section) to namespace gpu, with the same names.
+#define TRANSFORMER_OPS(X)                                                                                       \
+  X(embedding_forward) X(embedding_backward) X(dropout_forward) X(dropout_backward) X(layernorm_forward)        \
+  X(layernorm_backward) X(residual_forward) X(residual_backward) X(multihead_attention_forward)                 \
+  X(multihead_attention_backward) X(ffn_forward) X(ffn_backward) X(output_projection_forward)                   \
+  X(output_projection_backward) X(label_smoothed_xent_forward) X(label_smoothed_xent_backward)                  \
+  X(adam_update) X(grad_norm) X(scale_grads)
+#define CPU_OP(name) \
+  template <typename... A> static auto name(A&&... args) { return cpu::name(std::forward<A>(args)...); }
+struct CpuOps {
+  TRANSFORMER_OPS(CPU_OP)
+  template <typename T> static void zero(T* p, size_t n) { std::fill(p, p + n, T(0)); }
+  template <typename T> static void copy(T* dst, const T* src, size_t n) { std::copy(src, src + n, dst); }
+};
+
+// What one forward and backward pass reads and writes, all on one device.
+template <typename T> struct Pass {
+  const Config& c;
+  const Weights<T>& W;                   // parameters
+  const Weights<T>& G;                   // their gradients (backward adds into them)
+  Activations<T>& a;                     // what forward saves, and backward's scratch
+  const int *src, *tgt_in, *tgt_out;     // (B,S) (B,T) (B,T)
+  const uint8_t *src_valid, *tgt_valid;  // (B,S) (B,T): 1 for real tokens
+  int B, S, Tl;  // batch, source length, target length
+  uint64_t seed;
+  long step;  // dropout masks are keyed by (seed, step)
+  bool train;
+};
+
+// The pass of a model on the CPU over a batch (after prepare_activations).
+template <typename T> static Pass<T> host_pass(Transformer<T>& m, const Batch& b, bool train) {
+  return Pass<T>{m.cfg, m.W, m.G, m.acts, b.src.data(), b.tgt_in.data(), b.tgt_out.data(), m.acts.src_valid.data(),
+                 m.acts.tgt_valid.data(), b.B, b.S, b.T, m.seed, m.step, train};
+}
+
 // [§3.1, §5.4] The residual connection around each sub-layer, with dropout on the sub-layer's output:
 //   post-LN (the paper): out = LayerNorm(x + Dropout(Sublayer(x)))
 //   pre-LN (option):     out = x + Dropout(Sublayer(LayerNorm(x)))
 // `sublayer(in, y)` writes the sub-layer's output y for input in.
-template <typename T, typename Sublayer>
+template <typename Ops, typename T, typename Sublayer>
 static void sublayer_connection_forward(const SublayerActs<T>& a, const T* x, const NormWeights<T>& ln,
                                         const Config& c, DropoutKey drop, int M, Sublayer sublayer) {
   const size_t n = (size_t)M * c.D;
   if (c.pre_ln) {
-    cpu::layernorm_forward(a.norm, a.mean, a.rstd, x, ln.g, ln.b, M, c.D, c.ln_eps);
+    Ops::layernorm_forward(a.norm, a.mean, a.rstd, x, ln.g, ln.b, M, c.D, c.ln_eps);
     sublayer(a.norm, a.y);
-    cpu::dropout_forward(a.y, a.y, drop, n);
-    cpu::residual_forward(a.out, x, a.y, n);
+    Ops::dropout_forward(a.y, a.y, drop, n);
+    Ops::residual_forward(a.out, x, a.y, n);
   } else {
     sublayer(x, a.y);
-    cpu::dropout_forward(a.y, a.y, drop, n);
-    cpu::residual_forward(a.sum, x, a.y, n);
-    cpu::layernorm_forward(a.out, a.mean, a.rstd, a.sum, ln.g, ln.b, M, c.D, c.ln_eps);
+    Ops::dropout_forward(a.y, a.y, drop, n);
+    Ops::residual_forward(a.sum, x, a.y, n);
+    Ops::layernorm_forward(a.out, a.mean, a.rstd, a.sum, ln.g, ln.b, M, c.D, c.ln_eps);
   }
 }
 
 // The same, backward: dx += d out / d x . dout. `sublayer_backward(in, dy, din)` adds the sub-layer's
 // input gradient into din.
-template <typename T, typename SublayerBackward>
+template <typename Ops, typename T, typename SublayerBackward>
 static void sublayer_connection_backward(T* dx, const NormWeights<T>& dln, const T* dout, const SublayerActs<T>& a,
                                          const T* x, const NormWeights<T>& ln, const Activations<T>& s,
                                          const Config& c, DropoutKey drop, int M, SublayerBackward sublayer_backward) {
   const size_t n = (size_t)M * c.D;
-  std::fill(s.d_y, s.d_y + n, T(0));
-  std::fill(s.d_sub, s.d_sub + n, T(0));
+  Ops::zero(s.d_y, n);
+  Ops::zero(s.d_sub, n);
   if (c.pre_ln) {
-    cpu::residual_backward(dx, s.d_y, dout, n);
-    cpu::dropout_backward(s.d_sub, s.d_y, drop, n);
-    std::fill(s.d_norm, s.d_norm + n, T(0));
+    Ops::residual_backward(dx, s.d_y, dout, n);
+    Ops::dropout_backward(s.d_sub, s.d_y, drop, n);
+    Ops::zero(s.d_norm, n);
     sublayer_backward(a.norm, s.d_sub, s.d_norm);
-    cpu::layernorm_backward(dx, dln.g, dln.b, s.d_norm, x, ln.g, a.mean, a.rstd, M, c.D);
+    Ops::layernorm_backward(dx, dln.g, dln.b, s.d_norm, x, ln.g, a.mean, a.rstd, M, c.D);
   } else {
-    std::fill(s.d_sum, s.d_sum + n, T(0));
-    cpu::layernorm_backward(s.d_sum, dln.g, dln.b, dout, a.sum, ln.g, a.mean, a.rstd, M, c.D);
-    cpu::residual_backward(dx, s.d_y, s.d_sum, n);
-    cpu::dropout_backward(s.d_sub, s.d_y, drop, n);
+    Ops::zero(s.d_sum, n);
+    Ops::layernorm_backward(s.d_sum, dln.g, dln.b, dout, a.sum, ln.g, a.mean, a.rstd, M, c.D);
+    Ops::residual_backward(dx, s.d_y, s.d_sum, n);
+    Ops::dropout_backward(s.d_sub, s.d_y, drop, n);
     sublayer_backward(x, s.d_sub, dx);
   }
 }
 
-template <typename T> static DropoutKey drop_at(const Transformer<T>& m, bool train, int stack, int layer, DropoutPlace place) {
-  const Config& c = m.cfg;
-  double p = place == kSelfWeights || place == kCrossWeights ? c.p_attn : place == kFfnRelu ? c.p_relu : c.p_drop;
-  return dropout_key(m.seed, m.step, dropout_site(stack, layer, place), train ? p : 0.0);
+template <typename T> static DropoutKey drop_at(const Pass<T>& p, int stack, int layer, DropoutPlace place) {
+  const Config& c = p.c;
+  double prob = place == kSelfWeights || place == kCrossWeights ? c.p_attn : place == kFfnRelu ? c.p_relu : c.p_drop;
+  return dropout_key(p.seed, p.step, dropout_site(stack, layer, place), p.train ? prob : 0.0);
 }
 
 // [§3.1] Encoder: N layers of (self-attention, FFN) over the embedded source.
-template <typename T> static void encoder_forward(Transformer<T>& m, const Batch& batch, bool train) {
-  const Config& c = m.cfg;
-  Activations<T>& a = m.acts;
-  const int B = batch.B, S = batch.S, M = B * S;
-  cpu::embedding_forward(a.enc.x0, batch.src.data(), m.W.emb, B, S, c.D);
-  cpu::dropout_forward(a.enc.x0, a.enc.x0, drop_at(m, train, 0, 0, kEmbedding), (size_t)M * c.D);
+template <typename Ops, typename T> static void encoder_forward(const Pass<T>& p) {
+  const Config& c = p.c;
+  Activations<T>& a = p.a;
+  const int B = p.B, S = p.S, M = B * S;
+  Ops::embedding_forward(a.enc.x0, p.src, p.W.emb, B, S, c.D);
+  Ops::dropout_forward(a.enc.x0, a.enc.x0, drop_at(p, 0, 0, kEmbedding), (size_t)M * c.D);
   const T* x = a.enc.x0;
   for (int l = 0; l < c.N; ++l) {
-    const EncoderLayerWeights<T>& w = m.W.enc[l];
+    const EncoderLayerWeights<T>& w = p.W.enc[l];
     const EncoderLayerActs<T>& L = a.enc_layers[l];
-    const DropoutKey attn_drop = drop_at(m, train, 0, l, kSelfWeights);
-    sublayer_connection_forward(L.self_sub, x, w.ln1, c, drop_at(m, train, 0, l, kSelfOut), M,
-                                [&](const T* in, T* y) {
-                                  cpu::multihead_attention_forward(y, L.self, in, in, w.self, a.src_valid.data(),
-                                                                   false, attn_drop, B, S, S, c.D, c.H);
-                                });
-    const DropoutKey relu_drop = drop_at(m, train, 0, l, kFfnRelu);
-    sublayer_connection_forward(L.ffn_sub, L.self_sub.out, w.ln2, c, drop_at(m, train, 0, l, kFfnOut), M,
-                                [&](const T* in, T* y) { cpu::ffn_forward(y, L.ffn, in, w.ffn, relu_drop, M, c.D, c.F); });
+    const DropoutKey attn_drop = drop_at(p, 0, l, kSelfWeights);
+    sublayer_connection_forward<Ops>(L.self_sub, x, w.ln1, c, drop_at(p, 0, l, kSelfOut), M, [&](const T* in, T* y) {
+      Ops::multihead_attention_forward(y, L.self, in, in, w.self, p.src_valid, false, attn_drop, B, S, S, c.D, c.H);
+    });
+    const DropoutKey relu_drop = drop_at(p, 0, l, kFfnRelu);
+    sublayer_connection_forward<Ops>(L.ffn_sub, L.self_sub.out, w.ln2, c, drop_at(p, 0, l, kFfnOut), M,
+                                     [&](const T* in, T* y) { Ops::ffn_forward(y, L.ffn, in, w.ffn, relu_drop, M, c.D, c.F); });
     x = L.ffn_sub.out;
   }
   if (c.pre_ln)
-    cpu::layernorm_forward(a.enc.final_ln.out, a.enc.final_ln.mean, a.enc.final_ln.rstd, x, m.W.enc_final.g,
-                           m.W.enc_final.b, M, c.D, c.ln_eps);
+    Ops::layernorm_forward(a.enc.final_ln.out, a.enc.final_ln.mean, a.enc.final_ln.rstd, x, p.W.enc_final.g,
+                           p.W.enc_final.b, M, c.D, c.ln_eps);
 }
 
 // [§3.1] Decoder: N layers of (masked self-attention, encoder-decoder attention, FFN).
-template <typename T> static void decoder_forward(Transformer<T>& m, const Batch& batch, bool train) {
-  const Config& c = m.cfg;
-  Activations<T>& a = m.acts;
-  const int B = batch.B, S = batch.S, Tl = batch.T, M = B * Tl;
-  cpu::embedding_forward(a.dec.x0, batch.tgt_in.data(), m.W.emb, B, Tl, c.D);
-  cpu::dropout_forward(a.dec.x0, a.dec.x0, drop_at(m, train, 1, 0, kEmbedding), (size_t)M * c.D);
+template <typename Ops, typename T> static void decoder_forward(const Pass<T>& p) {
+  const Config& c = p.c;
+  Activations<T>& a = p.a;
+  const int B = p.B, S = p.S, Tl = p.Tl, M = B * Tl;
+  Ops::embedding_forward(a.dec.x0, p.tgt_in, p.W.emb, B, Tl, c.D);
+  Ops::dropout_forward(a.dec.x0, a.dec.x0, drop_at(p, 1, 0, kEmbedding), (size_t)M * c.D);
   const T* x = a.dec.x0;
   for (int l = 0; l < c.N; ++l) {
-    const DecoderLayerWeights<T>& w = m.W.dec[l];
+    const DecoderLayerWeights<T>& w = p.W.dec[l];
     const DecoderLayerActs<T>& L = a.dec_layers[l];
-    const DropoutKey self_drop = drop_at(m, train, 1, l, kSelfWeights);
-    sublayer_connection_forward(L.self_sub, x, w.ln1, c, drop_at(m, train, 1, l, kSelfOut), M,
-                                [&](const T* in, T* y) {
-                                  cpu::multihead_attention_forward(y, L.self, in, in, w.self, a.tgt_valid.data(),
-                                                                   true, self_drop, B, Tl, Tl, c.D, c.H);
-                                });
-    const DropoutKey cross_drop = drop_at(m, train, 1, l, kCrossWeights);
-    sublayer_connection_forward(L.cross_sub, L.self_sub.out, w.ln2, c, drop_at(m, train, 1, l, kCrossOut), M,
-                                [&](const T* in, T* y) {
-                                  cpu::multihead_attention_forward(y, L.cross, in, a.enc.out, w.cross,
-                                                                   a.src_valid.data(), false, cross_drop, B, Tl, S,
-                                                                   c.D, c.H);
-                                });
-    const DropoutKey relu_drop = drop_at(m, train, 1, l, kFfnRelu);
-    sublayer_connection_forward(L.ffn_sub, L.cross_sub.out, w.ln3, c, drop_at(m, train, 1, l, kFfnOut), M,
-                                [&](const T* in, T* y) { cpu::ffn_forward(y, L.ffn, in, w.ffn, relu_drop, M, c.D, c.F); });
+    const DropoutKey self_drop = drop_at(p, 1, l, kSelfWeights);
+    sublayer_connection_forward<Ops>(L.self_sub, x, w.ln1, c, drop_at(p, 1, l, kSelfOut), M, [&](const T* in, T* y) {
+      Ops::multihead_attention_forward(y, L.self, in, in, w.self, p.tgt_valid, true, self_drop, B, Tl, Tl, c.D, c.H);
+    });
+    const DropoutKey cross_drop = drop_at(p, 1, l, kCrossWeights);
+    sublayer_connection_forward<Ops>(L.cross_sub, L.self_sub.out, w.ln2, c, drop_at(p, 1, l, kCrossOut), M,
+                                     [&](const T* in, T* y) {
+                                       Ops::multihead_attention_forward(y, L.cross, in, a.enc.out, w.cross, p.src_valid,
+                                                                        false, cross_drop, B, Tl, S, c.D, c.H);
+                                     });
+    const DropoutKey relu_drop = drop_at(p, 1, l, kFfnRelu);
+    sublayer_connection_forward<Ops>(L.ffn_sub, L.cross_sub.out, w.ln3, c, drop_at(p, 1, l, kFfnOut), M,
+                                     [&](const T* in, T* y) { Ops::ffn_forward(y, L.ffn, in, w.ffn, relu_drop, M, c.D, c.F); });
     x = L.ffn_sub.out;
   }
   if (c.pre_ln)
-    cpu::layernorm_forward(a.dec.final_ln.out, a.dec.final_ln.mean, a.dec.final_ln.rstd, x, m.W.dec_final.g,
-                           m.W.dec_final.b, M, c.D, c.ln_eps);
+    Ops::layernorm_forward(a.dec.final_ln.out, a.dec.final_ln.mean, a.dec.final_ln.rstd, x, p.W.dec_final.g,
+                           p.W.dec_final.b, M, c.D, c.ln_eps);
 }
 
-template <typename T> double transformer_forward(Transformer<T>& m, const Batch& batch, bool train) {
-  prepare_batch(m, batch);
-  encoder_forward(m, batch, train);
-  decoder_forward(m, batch, train);
-  const Config& c = m.cfg;
-  Activations<T>& a = m.acts;
-  const int M = batch.B * batch.T;
-  cpu::output_projection_forward(a.logits, a.dec.out, m.W.emb, M, c.D, c.V);
-  return cpu::label_smoothed_xent_forward(a.lse, a.logits, batch.tgt_out.data(), M, c.V, c.eps_ls, c.ls_form, kPadId);
+// The whole model, forward: encoder, decoder, [§3.4] the shared projection, [§5.4] the smoothed loss.
+template <typename Ops, typename T> static double forward_pass(const Pass<T>& p) {
+  encoder_forward<Ops>(p);
+  decoder_forward<Ops>(p);
+  const Config& c = p.c;
+  const int M = p.B * p.Tl;
+  Ops::output_projection_forward(p.a.logits, p.a.dec.out, p.W.emb, M, c.D, c.V);
+  return Ops::label_smoothed_xent_forward(p.a.lse, p.a.logits, p.tgt_out, M, c.V, c.eps_ls, c.ls_form, kPadId);
 }
 
 // Backward through a stack's optional final LayerNorm and its layers: on entry d_stream[*cur] holds the
 // gradient of the stack's output; on return it holds the gradient of x0 (after embedding dropout).
-template <typename T, typename LayerBackward>
-static void stack_backward(Transformer<T>& m, const StackActs<T>& st, const NormWeights<T>& w_final,
+template <typename Ops, typename T, typename LayerBackward>
+static void stack_backward(const Pass<T>& p, const StackActs<T>& st, const NormWeights<T>& w_final,
                            const NormWeights<T>& g_final, const T* last_layer_out, int M, int* cur,
                            LayerBackward layer_backward) {
-  const Config& c = m.cfg;
-  Activations<T>& a = m.acts;
-  const size_t n = (size_t)M * c.D;
+  const Config& c = p.c;
+  Activations<T>& a = p.a;
   if (c.pre_ln) {
     T* dnext = a.d_stream[1 - *cur];
-    std::fill(dnext, dnext + n, T(0));
-    cpu::layernorm_backward(dnext, g_final.g, g_final.b, a.d_stream[*cur], last_layer_out, w_final.g,
+    Ops::zero(dnext, (size_t)M * c.D);
+    Ops::layernorm_backward(dnext, g_final.g, g_final.b, a.d_stream[*cur], last_layer_out, w_final.g,
                             st.final_ln.mean, st.final_ln.rstd, M, c.D);
     *cur = 1 - *cur;
   }
   for (int l = c.N - 1; l >= 0; --l) layer_backward(l);
 }
 
-template <typename T> void transformer_backward(Transformer<T>& m, const Batch& batch, bool train) {
-  const Config& c = m.cfg;
-  Activations<T>& a = m.acts;
-  const int B = batch.B, S = batch.S, Tl = batch.T, Ms = B * S, Mt = B * Tl;
+// The whole model, backward: the forward call list in reverse.
+template <typename Ops, typename T> static void backward_pass(const Pass<T>& p) {
+  const Config& c = p.c;
+  Activations<T>& a = p.a;
+  const int B = p.B, S = p.S, Tl = p.Tl, Ms = B * S, Mt = B * Tl;
   const size_t nt = (size_t)Mt * c.D, ns = (size_t)Ms * c.D;
 
   // loss and output projection
-  std::fill(a.dlogits, a.dlogits + (size_t)Mt * c.V, T(0));
-  cpu::label_smoothed_xent_backward(a.dlogits, a.logits, a.lse, batch.tgt_out.data(), Mt, c.V, c.eps_ls, c.ls_form, kPadId);
+  Ops::zero(a.dlogits, (size_t)Mt * c.V);
+  Ops::label_smoothed_xent_backward(a.dlogits, a.logits, a.lse, p.tgt_out, Mt, c.V, c.eps_ls, c.ls_form, kPadId);
   int cur = 0;
-  std::fill(a.d_stream[0], a.d_stream[0] + nt, T(0));
-  cpu::output_projection_backward(a.d_stream[0], m.G.emb, a.dlogits, a.dec.out, m.W.emb, Mt, c.D, c.V);
+  Ops::zero(a.d_stream[0], nt);
+  Ops::output_projection_backward(a.d_stream[0], p.G.emb, a.dlogits, a.dec.out, p.W.emb, Mt, c.D, c.V);
 
   // decoder, layers in reverse; each sub-layer connection maps d_stream[cur] to d_stream[1 - cur]
-  std::fill(a.d_enc_out, a.d_enc_out + ns, T(0));
+  Ops::zero(a.d_enc_out, ns);
   auto step_back = [&](size_t n, auto&& connection) {
     T* dx = a.d_stream[1 - cur];
-    std::fill(dx, dx + n, T(0));
+    Ops::zero(dx, n);
     connection(dx, a.d_stream[cur]);
     cur = 1 - cur;
   };
-  stack_backward(m, a.dec, m.W.dec_final, m.G.dec_final, a.dec_layers.back().ffn_sub.out, Mt, &cur, [&](int l) {
-    const DecoderLayerWeights<T>& w = m.W.dec[l];
-    const DecoderLayerWeights<T>& g = m.G.dec[l];
+  stack_backward<Ops>(p, a.dec, p.W.dec_final, p.G.dec_final, a.dec_layers.back().ffn_sub.out, Mt, &cur, [&](int l) {
+    const DecoderLayerWeights<T>& w = p.W.dec[l];
+    const DecoderLayerWeights<T>& g = p.G.dec[l];
     const DecoderLayerActs<T>& L = a.dec_layers[l];
     const T* x = l == 0 ? a.dec.x0 : a.dec_layers[l - 1].ffn_sub.out;
-    const DropoutKey relu_drop = drop_at(m, train, 1, l, kFfnRelu);
+    const DropoutKey relu_drop = drop_at(p, 1, l, kFfnRelu);
     step_back(nt, [&](T* dx, const T* dout) {
-      sublayer_connection_backward(dx, g.ln3, dout, L.ffn_sub, L.cross_sub.out, w.ln3, a, c, drop_at(m, train, 1, l, kFfnOut), Mt,
-                                   [&](const T* in, const T* dy, T* din) {
-                                     cpu::ffn_backward(din, g.ffn, a.dh, dy, L.ffn, in, w.ffn, relu_drop, Mt, c.D, c.F);
-                                   });
+      sublayer_connection_backward<Ops>(dx, g.ln3, dout, L.ffn_sub, L.cross_sub.out, w.ln3, a, c, drop_at(p, 1, l, kFfnOut), Mt,
+                                        [&](const T* in, const T* dy, T* din) {
+                                          Ops::ffn_backward(din, g.ffn, a.dh, dy, L.ffn, in, w.ffn, relu_drop, Mt, c.D, c.F);
+                                        });
     });
-    const DropoutKey cross_drop = drop_at(m, train, 1, l, kCrossWeights);
+    const DropoutKey cross_drop = drop_at(p, 1, l, kCrossWeights);
     step_back(nt, [&](T* dx, const T* dout) {
-      sublayer_connection_backward(dx, g.ln2, dout, L.cross_sub, L.self_sub.out, w.ln2, a, c, drop_at(m, train, 1, l, kCrossOut), Mt,
-                                   [&](const T* in, const T* dy, T* din) {
-                                     cpu::multihead_attention_backward(din, a.d_enc_out, g.cross, dy, L.cross, a.d_attn, in,
-                                                                       a.enc.out, w.cross, cross_drop, B, Tl, S, c.D, c.H);
-                                   });
+      sublayer_connection_backward<Ops>(dx, g.ln2, dout, L.cross_sub, L.self_sub.out, w.ln2, a, c, drop_at(p, 1, l, kCrossOut), Mt,
+                                        [&](const T* in, const T* dy, T* din) {
+                                          Ops::multihead_attention_backward(din, a.d_enc_out, g.cross, dy, L.cross, a.d_attn, in,
+                                                                            a.enc.out, w.cross, cross_drop, B, Tl, S, c.D, c.H);
+                                        });
     });
-    const DropoutKey self_drop = drop_at(m, train, 1, l, kSelfWeights);
+    const DropoutKey self_drop = drop_at(p, 1, l, kSelfWeights);
     step_back(nt, [&](T* dx, const T* dout) {
-      sublayer_connection_backward(dx, g.ln1, dout, L.self_sub, x, w.ln1, a, c, drop_at(m, train, 1, l, kSelfOut), Mt,
-                                   [&](const T* in, const T* dy, T* din) {
-                                     cpu::multihead_attention_backward(din, din, g.self, dy, L.self, a.d_attn, in, in, w.self,
-                                                                       self_drop, B, Tl, Tl, c.D, c.H);
-                                   });
+      sublayer_connection_backward<Ops>(dx, g.ln1, dout, L.self_sub, x, w.ln1, a, c, drop_at(p, 1, l, kSelfOut), Mt,
+                                        [&](const T* in, const T* dy, T* din) {
+                                          Ops::multihead_attention_backward(din, din, g.self, dy, L.self, a.d_attn, in, in, w.self,
+                                                                            self_drop, B, Tl, Tl, c.D, c.H);
+                                        });
     });
   });
   // target embedding: forward was x0 = dropout(emb[tgt_in] sqrt(D) + PE)
-  std::fill(a.d_sub, a.d_sub + nt, T(0));
-  cpu::dropout_backward(a.d_sub, a.d_stream[cur], drop_at(m, train, 1, 0, kEmbedding), nt);
-  cpu::embedding_backward(m.G.emb, a.d_sub, batch.tgt_in.data(), B, Tl, c.D);
+  Ops::zero(a.d_sub, nt);
+  Ops::dropout_backward(a.d_sub, a.d_stream[cur], drop_at(p, 1, 0, kEmbedding), nt);
+  Ops::embedding_backward(p.G.emb, a.d_sub, p.tgt_in, B, Tl, c.D);
 
   // encoder: its output's gradient is the sum over the decoder's cross-attentions
   cur = 0;
-  std::copy(a.d_enc_out, a.d_enc_out + ns, a.d_stream[0]);
-  stack_backward(m, a.enc, m.W.enc_final, m.G.enc_final, a.enc_layers.back().ffn_sub.out, Ms, &cur, [&](int l) {
-    const EncoderLayerWeights<T>& w = m.W.enc[l];
-    const EncoderLayerWeights<T>& g = m.G.enc[l];
+  Ops::copy(a.d_stream[0], a.d_enc_out, ns);
+  stack_backward<Ops>(p, a.enc, p.W.enc_final, p.G.enc_final, a.enc_layers.back().ffn_sub.out, Ms, &cur, [&](int l) {
+    const EncoderLayerWeights<T>& w = p.W.enc[l];
+    const EncoderLayerWeights<T>& g = p.G.enc[l];
     const EncoderLayerActs<T>& L = a.enc_layers[l];
     const T* x = l == 0 ? a.enc.x0 : a.enc_layers[l - 1].ffn_sub.out;
-    const DropoutKey relu_drop = drop_at(m, train, 0, l, kFfnRelu);
+    const DropoutKey relu_drop = drop_at(p, 0, l, kFfnRelu);
     step_back(ns, [&](T* dx, const T* dout) {
-      sublayer_connection_backward(dx, g.ln2, dout, L.ffn_sub, L.self_sub.out, w.ln2, a, c, drop_at(m, train, 0, l, kFfnOut), Ms,
-                                   [&](const T* in, const T* dy, T* din) {
-                                     cpu::ffn_backward(din, g.ffn, a.dh, dy, L.ffn, in, w.ffn, relu_drop, Ms, c.D, c.F);
-                                   });
+      sublayer_connection_backward<Ops>(dx, g.ln2, dout, L.ffn_sub, L.self_sub.out, w.ln2, a, c, drop_at(p, 0, l, kFfnOut), Ms,
+                                        [&](const T* in, const T* dy, T* din) {
+                                          Ops::ffn_backward(din, g.ffn, a.dh, dy, L.ffn, in, w.ffn, relu_drop, Ms, c.D, c.F);
+                                        });
     });
-    const DropoutKey attn_drop = drop_at(m, train, 0, l, kSelfWeights);
+    const DropoutKey attn_drop = drop_at(p, 0, l, kSelfWeights);
     step_back(ns, [&](T* dx, const T* dout) {
-      sublayer_connection_backward(dx, g.ln1, dout, L.self_sub, x, w.ln1, a, c, drop_at(m, train, 0, l, kSelfOut), Ms,
-                                   [&](const T* in, const T* dy, T* din) {
-                                     cpu::multihead_attention_backward(din, din, g.self, dy, L.self, a.d_attn, in, in, w.self,
-                                                                       attn_drop, B, S, S, c.D, c.H);
-                                   });
+      sublayer_connection_backward<Ops>(dx, g.ln1, dout, L.self_sub, x, w.ln1, a, c, drop_at(p, 0, l, kSelfOut), Ms,
+                                        [&](const T* in, const T* dy, T* din) {
+                                          Ops::multihead_attention_backward(din, din, g.self, dy, L.self, a.d_attn, in, in, w.self,
+                                                                            attn_drop, B, S, S, c.D, c.H);
+                                        });
     });
   });
   // source embedding
-  std::fill(a.d_sub, a.d_sub + ns, T(0));
-  cpu::dropout_backward(a.d_sub, a.d_stream[cur], drop_at(m, train, 0, 0, kEmbedding), ns);
-  cpu::embedding_backward(m.G.emb, a.d_sub, batch.src.data(), B, S, c.D);
+  Ops::zero(a.d_sub, ns);
+  Ops::dropout_backward(a.d_sub, a.d_stream[cur], drop_at(p, 0, 0, kEmbedding), ns);
+  Ops::embedding_backward(p.G.emb, a.d_sub, p.src, B, S, c.D);
 }
 
-template <typename T> void zero_grad(Transformer<T>& m) { std::fill(m.grads.begin(), m.grads.end(), T(0)); }
+// [§5.3] Clipping (when configured, [DEVIATION]) and one Adam step over the flat buffers.
+template <typename Ops, typename T>
+static void optimizer_step(const Config& c, T* params, T* grads, T* m, T* v, size_t n, double lr, long step) {
+  if (c.clip_norm > 0) {  // [DEVIATION] optional global gradient-norm clipping; the paper has none
+    double norm = Ops::grad_norm(grads, n);
+    if (norm > c.clip_norm) Ops::scale_grads(grads, n, c.clip_norm / norm);
+  }
+  Ops::adam_update(params, grads, m, v, n, lr, c.beta1, c.beta2, c.adam_eps, step);
+}
+
+// The CPU's arena is a host vector.
+template <typename T> static void prepare_host(Transformer<T>& m, const Batch& batch) {
+  validate_batch(m.cfg, batch);
+  prepare_activations(m.acts, m.cfg, batch, [&](size_t n) {
+    if (m.acts.arena.size() < n) m.acts.arena.assign(n, T(0));
+    return m.acts.arena.data();
+  });
+}
+
+template <typename T> double transformer_forward(Transformer<T>& m, const Batch& batch, bool train) {
+  if (m.device) return m.device->forward(batch, train);
+  prepare_host(m, batch);
+  return forward_pass<CpuOps>(host_pass(m, batch, train));
+}
+
+template <typename T> void transformer_backward(Transformer<T>& m, const Batch& batch, bool train) {
+  if (m.device) return m.device->backward(batch, train);
+  backward_pass<CpuOps>(host_pass(m, batch, train));
+}
+
+template <typename T> void zero_grad(Transformer<T>& m) {
+  if (m.device) return m.device->zero_grad();
+  std::fill(m.grads.begin(), m.grads.end(), T(0));
+}
 
 template <typename T> double transformer_update(Transformer<T>& m) {
   const Config& c = m.cfg;
   m.step += 1;
-  if (c.clip_norm > 0) {  // [DEVIATION] optional global gradient-norm clipping; the paper has none
-    double norm = cpu::grad_norm(m.grads.data(), m.grads.size());
-    if (norm > c.clip_norm) cpu::scale_grads(m.grads.data(), m.grads.size(), c.clip_norm / norm);
-  }
   const double lr = learning_rate(m.step, c.D, c.warmup, c.lr_scale);
-  cpu::adam_update(m.params.data(), m.grads.data(), m.adam_m.data(), m.adam_v.data(), m.params.size(), lr, c.beta1,
-                   c.beta2, c.adam_eps, m.step);
+  if (m.device) m.device->update(lr);
+  else optimizer_step<CpuOps>(c, m.params.data(), m.grads.data(), m.adam_m.data(), m.adam_v.data(), m.params.size(), lr, m.step);
   return lr;
 }
 
@@ -1021,11 +1083,11 @@ static DecoderCache<T> start_decoding(Transformer<T>& m, const std::vector<std::
   std::vector<const std::vector<int>*> rows;
   for (const auto& s : src) rows.push_back(&s);
   Batch batch = make_batch(rows, {});
-  batch.T = 1;  // the encoder alone: a one-position decoder input keeps prepare_batch's checks
+  batch.T = 1;  // the encoder alone: a one-position decoder input keeps validate_batch's checks
   batch.tgt_in.assign(batch.B, kBosId);
   batch.tgt_out.assign(batch.B, kEosId);
-  prepare_batch(m, batch);
-  encoder_forward(m, batch, false);
+  prepare_host(m, batch);
+  encoder_forward<CpuOps>(host_pass(m, batch, false));
   DecoderCache<T> k;
   k.S = batch.S;
   k.capacity = capacity;
@@ -1089,7 +1151,7 @@ template <typename T> static void decoder_step(Transformer<T>& m, DecoderCache<T
     T* V = k.self_v[l].data();
     // [§3.2.3] masked self-attention: this position attends to positions 0..t, all in the cache
     SublayerActs<T> self = acts(cur);
-    sublayer_connection_forward(self, x, w.ln1, c, none, R, [&](const T* in, T* y) {
+    sublayer_connection_forward<CpuOps>(self, x, w.ln1, c, none, R, [&](const T* in, T* y) {
       cpu::linear_forward(k.q.data(), in, w.self.wq, (const T*)nullptr, R, D, D);
       cpu::linear_forward(k.kv.data(), in, w.self.wk, (const T*)nullptr, R, D, D);
       for (int r = 0; r < R; ++r) std::copy_n(k.kv.data() + (size_t)r * D, D, K + ((size_t)r * k.capacity + t) * D);
@@ -1105,7 +1167,7 @@ template <typename T> static void decoder_step(Transformer<T>& m, DecoderCache<T
     cur = 1 - cur;
     // [§3.2.3] encoder-decoder attention against the keys and values computed once per source
     SublayerActs<T> cross = acts(cur);
-    sublayer_connection_forward(cross, self.out, w.ln2, c, none, R, [&](const T* in, T* y) {
+    sublayer_connection_forward<CpuOps>(cross, self.out, w.ln2, c, none, R, [&](const T* in, T* y) {
       cpu::linear_forward(k.q.data(), in, w.cross.wq, (const T*)nullptr, R, D, D);
 #pragma omp parallel for schedule(static)
       for (int r = 0; r < R; ++r) {
@@ -1119,7 +1181,7 @@ template <typename T> static void decoder_step(Transformer<T>& m, DecoderCache<T
     cur = 1 - cur;
     // [Eq. 2] the feed-forward network
     SublayerActs<T> ffn = acts(cur);
-    sublayer_connection_forward(ffn, cross.out, w.ln3, c, none, R, [&](const T* in, T* y) {
+    sublayer_connection_forward<CpuOps>(ffn, cross.out, w.ln3, c, none, R, [&](const T* in, T* y) {
       cpu::ffn_forward(y, FfnActs<T>{k.hpre.data(), k.h.data()}, in, w.ffn, none, R, D, c.F);
     });
     cur = 1 - cur;
@@ -1966,6 +2028,105 @@ void scale_grads(float* grads, size_t n, double factor) {
 }
 
 }  // namespace gpu
+
+// ---- the model on the GPU: the same call list (forward_pass, backward_pass) with GpuOps ------------------
+#define GPU_OP(name) \
+  template <typename... A> static auto name(A&&... args) { return gpu::name(std::forward<A>(args)...); }
+struct GpuOps {
+  TRANSFORMER_OPS(GPU_OP)
+  static void zero(float* p, size_t n) { gpu::fill(p, 0, n); }
+  static void copy(float* dst, const float* src, size_t n) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice));
+  }
+};
+
+class GpuModel : public DeviceModel {
+ public:
+  explicit GpuModel(Transformer<float>& model) : m(model), n(model.params.size()) {
+    params = gpu::alloc(n), grads = gpu::alloc(n), adam_m = gpu::alloc(n), adam_v = gpu::alloc(n);
+    gpu::upload(params, m.params.data(), n);  // one upload of each buffer
+    gpu::upload(grads, m.grads.data(), n);
+    gpu::upload(adam_m, m.adam_m.data(), n);
+    gpu::upload(adam_v, m.adam_v.data(), n);
+    parameter_layout<float>(m.cfg, params, &W, nullptr);
+    parameter_layout<float>(m.cfg, grads, &G, nullptr);
+  }
+  ~GpuModel() override {  // no throwing from here: errors are ignored
+    for (void* p : {(void*)params, (void*)grads, (void*)adam_m, (void*)adam_v, (void*)arena, (void*)ids, (void*)valid}) cudaFree(p);
+  }
+  double forward(const Batch& b, bool train) override {
+    validate_batch(m.cfg, b);
+    prepare_activations(acts, m.cfg, b, [&](size_t need) {
+      if (need > arena_size) {
+        if (arena) gpu::release(arena);
+        arena = gpu::alloc(need), arena_size = need;
+      }
+      return arena;
+    });
+    const size_t ns = b.src.size(), nt = b.tgt_in.size();
+    if (ns + 2 * nt > ids_size) {
+      if (ids) gpu::release(ids), gpu::release(valid);
+      ids_size = ns + 2 * nt;
+      ids = gpu::alloc_ints(ids_size), valid = gpu::alloc_bytes(ids_size);
+    }
+    gpu::upload(ids, b.src.data(), ns);
+    gpu::upload(ids + ns, b.tgt_in.data(), nt);
+    gpu::upload(ids + ns + nt, b.tgt_out.data(), nt);
+    gpu::upload(valid, acts.src_valid.data(), ns);
+    gpu::upload(valid + ns, acts.tgt_valid.data(), nt);
+    B = b.B, S = b.S, Tl = b.T;
+    return forward_pass<GpuOps>(pass(train));
+  }
+  void backward(const Batch& b, bool train) override {
+    if (b.B != B || b.S != S || b.T != Tl) throw std::logic_error("backward of another batch than the last forward");
+    backward_pass<GpuOps>(pass(train));
+  }
+  void zero_grad() override { gpu::fill(grads, 0, n); }
+  void update(double lr) override { optimizer_step<GpuOps>(m.cfg, params, grads, adam_m, adam_v, n, lr, m.step); }
+  void download() override {
+    gpu::download(m.params.data(), params, n);
+    gpu::download(m.grads.data(), grads, n);
+    gpu::download(m.adam_m.data(), adam_m, n);
+    gpu::download(m.adam_v.data(), adam_v, n);
+  }
+
+ private:
+  Pass<float> pass(bool train) {
+    const size_t ns = (size_t)B * S, nt = (size_t)B * Tl;
+    return Pass<float>{m.cfg, W, G, acts, ids, ids + ns, ids + ns + nt, valid, valid + ns, B, S, Tl, m.seed, m.step, train};
+  }
+  Transformer<float>& m;
+  size_t n;
+  float *params = nullptr, *grads = nullptr, *adam_m = nullptr, *adam_v = nullptr;  // one buffer each
+  Weights<float> W, G;                                                              // views into them
+  Activations<float> acts;  // carved in the device arena
+  float* arena = nullptr;
+  size_t arena_size = 0, ids_size = 0;
+  int* ids = nullptr;         // src, tgt_in, tgt_out of the batch
+  uint8_t* valid = nullptr;   // src_valid, tgt_valid
+  int B = 0, S = 0, Tl = 0;   // the shape of the last forward
+};
+
+static std::unique_ptr<DeviceModel> make_gpu_model(Transformer<float>& m) {
+  if (!gpu_available()) throw std::runtime_error("--device cuda: no GPU is present (use --device cpu)");
+  return std::make_unique<GpuModel>(m);
+}
 #else
 bool gpu_available() { return false; }  // compiled by g++: no CUDA path in this build
+static std::unique_ptr<DeviceModel> make_gpu_model(Transformer<float>&) {
+  throw std::runtime_error("--device cuda: this build has no CUDA path (built with CPU=1 or without nvcc); use --device cpu");
+}
 #endif
+
+void transformer_download(Transformer<float>& m) {
+  if (m.device) m.device->download();
+}
+
+void transformer_to_device(Transformer<float>& m, Device d) {
+  if (d == Device::cpu) {
+    transformer_download(m);
+    m.device.reset();
+  } else if (!m.device) {
+    m.device = make_gpu_model(m);
+  }
+}

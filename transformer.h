@@ -169,6 +169,18 @@ template <typename T> struct Activations {
 };
 
 // ---- the model ---------------------------------------------------------------------------------------
+// A model's state on an accelerator (the GPU section of transformer.cu implements it): the parameters,
+// gradients and Adam state as single device buffers, and a device activation arena. While a model has
+// one, transformer_forward, transformer_backward, zero_grad and transformer_update run there.
+struct DeviceModel {
+  virtual ~DeviceModel() = default;
+  virtual double forward(const Batch& batch, bool train) = 0;
+  virtual void backward(const Batch& batch, bool train) = 0;
+  virtual void zero_grad() = 0;
+  virtual void update(double lr) = 0;  // clipping when configured, and Adam at the model's step
+  virtual void download() = 0;         // parameters and Adam state into the host buffers
+};
+
 template <typename T> struct Transformer {
   Config cfg;
   std::vector<TensorInfo> table;
@@ -177,6 +189,7 @@ template <typename T> struct Transformer {
   long step = 0;                                  // optimizer steps taken
   uint64_t seed = 0;                              // for dropout masks
   Activations<T> acts;
+  std::unique_ptr<DeviceModel> device;            // null: the CPU (see transformer_to_device)
 
   Transformer(const Config& cfg, uint64_t seed);  // initialised as described in NOTES.md
   Transformer(const Transformer&) = delete;       // W and G point into this object's buffers
@@ -362,6 +375,13 @@ template <typename T> void scale_grads(T* grads, size_t n, double factor);
 // ---- the GPU path (CUDA kernels and cuBLAS) ----------------------------------------------------------------
 // True when this build has the CUDA path and a GPU is present.
 bool gpu_available();
+enum class Device { cpu, cuda };
+// Moves training to a device: to cuda, one upload of the parameters, gradients and Adam state (throws
+// std::runtime_error when this build has no CUDA path or no GPU is present); to cpu, one download.
+void transformer_to_device(Transformer<float>& m, Device d);
+// Copies the parameters and Adam state from the device into m's host buffers (before a checkpoint or
+// CPU decoding); nothing to do on the CPU.
+void transformer_download(Transformer<float>& m);
 
 #ifdef TRANSFORMER_CUDA  // set by the Makefile when nvcc compiles transformer.cu
 // The same operations as namespace cpu, with the same names and argument order, in float on device

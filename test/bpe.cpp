@@ -9,11 +9,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <string>
 #include <sys/stat.h>
 #include <vector>
 
 #include "../tokenizer.h"
+#include "../transformer.h"  // mix64
 #include "check.h"
 
 static bool exists(const std::string& p) {
@@ -69,6 +71,60 @@ static bool load_fails(const std::string& path, const std::string& text, const s
   return false;
 }
 
+
+// Sennrich et al.'s Algorithm 1 as written: recount every pair after every merge. The incremental learner
+// must choose the same merges (ties: the pair whose texts sort first). Words are letter runs, so each is
+// one pre-token, starting with the marker.
+static std::vector<std::pair<std::string, std::string>> naive_merges(const std::vector<std::string>& words, int merges) {
+  std::map<std::vector<std::string>, long> vocab;
+  for (const std::string& w : words) {
+    std::vector<std::string> sym = {"\xE2\x96\x81"};
+    for (char c : w) sym.push_back(std::string(1, c));
+    ++vocab[sym];
+  }
+  std::vector<std::pair<std::string, std::string>> out;
+  while ((int)out.size() < merges) {
+    std::map<std::pair<std::string, std::string>, long> pairs;
+    for (const auto& [sym, f] : vocab)
+      for (size_t i = 0; i + 1 < sym.size(); ++i) pairs[{sym[i], sym[i + 1]}] += f;
+    std::pair<std::string, std::string> best;
+    long best_count = 0;
+    for (const auto& [pr, f] : pairs)  // map order: ties go to the pair that sorts first
+      if (f > best_count) best = pr, best_count = f;
+    if (best_count < 2) break;
+    out.push_back(best);
+    std::map<std::vector<std::string>, long> next;
+    for (const auto& [sym, f] : vocab) {
+      std::vector<std::string> merged;
+      for (size_t i = 0; i < sym.size(); ++i) {
+        if (i + 1 < sym.size() && sym[i] == best.first && sym[i + 1] == best.second) {
+          merged.push_back(sym[i] + sym[i + 1]);
+          ++i;
+        } else {
+          merged.push_back(sym[i]);
+        }
+      }
+      next[merged] += f;
+    }
+    vocab.swap(next);
+  }
+  return out;
+}
+
+// The merges section of a saved vocabulary file
+static std::vector<std::pair<std::string, std::string>> saved_merges(const std::string& text) {
+  std::vector<std::pair<std::string, std::string>> out;
+  size_t at = text.find("\nmerges ");
+  long n = std::atol(text.c_str() + at + 8);
+  at = text.find('\n', at + 1) + 1;
+  for (long i = 0; i < n; ++i) {
+    size_t end = text.find('\n', at), space = text.find(' ', at);
+    out.push_back({text.substr(at, space - at), text.substr(space + 1, end - space - 1)});
+    at = end + 1;
+  }
+  return out;
+}
+
 static int unit_tests() {
   Checker ck("bpe");
   // Sennrich et al. (2016), Algorithm 1: {low: 5, lower: 2, newest: 6, widest: 3}. The paper marks word
@@ -85,6 +141,29 @@ static int unit_tests() {
   auto p = t.pieces("lowest");
   ck.expect(p == std::vector<std::string>({"\xE2\x96\x81low", "est"}), "'lowest' splits into %zu pieces, want ▁low est", p.size());
   ck.expect(Tokenizer::learn(toy, 1000).merge_count() < 1000, "learning stops when no pair occurs twice");
+
+  // the incremental learner against the algorithm as written, on 3000 random words over 5 letters
+  std::vector<std::string> words;
+  uint64_t state = 42;
+  for (int i = 0; i < 3000; ++i) {
+    std::string w(1 + mix64(state++) % 8, ' ');
+    for (char& c : w) c = (char)('a' + mix64(state++) % 5);
+    words.push_back(w);
+  }
+  std::vector<std::string> lines;
+  for (size_t i = 0; i < words.size(); i += 10) {
+    std::string line;
+    for (size_t j = i; j < i + 10; ++j) line += words[j] + " ";
+    lines.push_back(line);
+  }
+  Tokenizer::learn(lines, 400).save("bpe_test_naive.vocab");
+  const auto want_merges = naive_merges(words, 400), got_merges = saved_merges(slurp("bpe_test_naive.vocab"));
+  std::remove("bpe_test_naive.vocab");
+  ck.expect(got_merges.size() == want_merges.size(), "%zu merges learned, the algorithm as written learns %zu", got_merges.size(), want_merges.size());
+  for (size_t i = 0; i < got_merges.size() && i < want_merges.size(); ++i)
+    if (!ck.expect(got_merges[i] == want_merges[i], "merge %zu is '%s %s', the algorithm as written gives '%s %s'", i + 1,
+                   got_merges[i].first.c_str(), got_merges[i].second.c_str(), want_merges[i].first.c_str(), want_merges[i].second.c_str()))
+      break;
 
   // normalisation: NFC, whitespace runs, ends
   ck.expect(Tokenizer::normalise("  a \t\t b  ") == "a b", "whitespace runs and ends");

@@ -50,8 +50,8 @@ struct Checker {
       std::printf("%s: no checks ran\n", name.c_str());
       return 1;
     }
-    std::printf("%s: %ld checks, %ld failed, max rel err %.3g (tol %.3g, at %s)\n", name.c_str(), checks,
-                failures, worst_rel, worst_tol, worst_what.empty() ? "-" : worst_what.c_str());
+    std::printf("%s: %ld checks, max rel err %.3g (tol %.3g, at %s), %ld failed\n", name.c_str(), checks, worst_rel,
+                worst_tol, worst_what.empty() ? "-" : worst_what.c_str(), failures);
     return failures ? 1 : 0;
   }
 };

@@ -20,12 +20,10 @@ static const double kTol = 1e-6, kFloor = 1e-9, kStep = 1e-5;
 
 struct Rand {
   uint64_t s;
-  uint64_t next() {
+  uint64_t next() {  // SplitMix64: mix64 of a counter stepped by the golden ratio
+    const uint64_t r = mix64(s);
     s += 0x9E3779B97F4A7C15ull;
-    uint64_t z = s;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
+    return r;
   }
   double uniform(double lo, double hi) { return lo + (hi - lo) * (double)(next() >> 11) / 9007199254740992.0; }
   int below(int n) { return (int)(next() % (uint64_t)n); }

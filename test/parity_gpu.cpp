@@ -298,6 +298,58 @@ int main() {
     gpu::scale_grads(g.d, n, 0.37);
     rep.same(g, "scale_grads");
   }
+
+  // the whole model: one training step (loss, every gradient tensor, the parameters after Adam), then
+  // ten steps whose losses agree within 1e-4; post-LN and pre-LN, every dropout on
+  for (bool pre_ln : {false, true}) {
+    Config c = config_preset("tiny");
+    c.N = 2, c.D = 12, c.F = 20, c.H = 3, c.V = 37, c.max_len = 16, c.pre_ln = pre_ln, c.p_attn = 0.1, c.p_relu = 0.1;
+    c.warmup = 4;
+    Transformer<float> on_cpu(c, 9), on_gpu(c, 9);
+    transformer_to_device(on_gpu, Device::cuda);
+    std::vector<std::vector<int>> src(4), tgt(4);
+    for (int i = 0; i < 4; ++i) {
+      src[i].resize(3 + 2 * i), tgt[i].resize(6 - i);  // different lengths: padding on both sides
+      for (int& id : src[i]) id = 4 + (int)(r.uniform(0, 1) * (c.V - 4)) % (c.V - 4);
+      for (int& id : tgt[i]) id = 4 + (int)(r.uniform(0, 1) * (c.V - 4)) % (c.V - 4);
+    }
+    std::vector<const std::vector<int>*> ps, pt;
+    for (int i = 0; i < 4; ++i) ps.push_back(&src[i]), pt.push_back(&tgt[i]);
+    const Batch batch = make_batch(ps, pt);
+    const std::string tag = pre_ln ? " (pre-LN)" : " (post-LN)";
+    double worst_loss = 0;
+    for (int step = 0; step < 10; ++step) {
+      zero_grad(on_cpu), zero_grad(on_gpu);
+      const double lc = transformer_forward(on_cpu, batch, true), lg = transformer_forward(on_gpu, batch, true);
+      transformer_backward(on_cpu, batch, true), transformer_backward(on_gpu, batch, true);
+      if (step == 0) {
+        ck.close(lg, lc, kTol, kTol * kFloor, ("model loss, step 1" + tag).c_str());
+        transformer_download(on_gpu);
+        for (const TensorInfo& ti : on_cpu.table) {
+          double worst = 0;
+          for (size_t i = ti.offset; i < ti.offset + ti.size; ++i) {
+            const double want = on_cpu.grads[i], got = on_gpu.grads[i];
+            worst = std::fmax(worst, std::fabs(got - want) / std::fmax(std::fabs(want), kFloor));
+            ck.close(got, want, kTol, kTol * kFloor, ("gradient " + ti.name + tag).c_str());
+          }
+          std::printf("  %-44s max rel err %.3g (tol %.0e, floor %.0e)\n", ("gradient " + ti.name + tag).c_str(), worst, kTol, kFloor);
+        }
+      }
+      transformer_update(on_cpu), transformer_update(on_gpu);
+      if (step == 0) {
+        transformer_download(on_gpu);
+        double worst = 0;
+        for (size_t i = 0; i < on_cpu.params.size(); ++i) {
+          worst = std::fmax(worst, std::fabs((double)on_gpu.params[i] - on_cpu.params[i]) / std::fmax(std::fabs((double)on_cpu.params[i]), kFloor));
+          ck.close(on_gpu.params[i], on_cpu.params[i], kTol, kTol * kFloor, ("parameters after Adam" + tag).c_str());
+        }
+        std::printf("  %-44s max rel err %.3g (tol %.0e, floor %.0e)\n", ("parameters after Adam" + tag).c_str(), worst, kTol, kFloor);
+      }
+      worst_loss = std::fmax(worst_loss, std::fabs(lg - lc) / std::fabs(lc));
+      ck.close(lg, lc, 1e-4, 1e-4 * kFloor, ("loss over 10 steps" + tag).c_str());
+    }
+    std::printf("  %-44s max rel err %.3g (tol 1e-04)\n", ("10 training steps, loss" + tag).c_str(), worst_loss);
+  }
   return ck.finish();
 }
 #endif

@@ -77,7 +77,8 @@ cp othervocab/vocab.bpe resumed/vocab.bpe
 expect_error "resume with another vocabulary" "another vocabulary" "$train" "${common[@]}" --max-steps 41 --out resumed --resume
 expect_error "unknown option" "unknown option '--bogus'" "$train" --bogus
 expect_error "bad number" "--max-steps needs an integer" "$train" --max-steps -5
-expect_error "--device cuda without a GPU path" "^train: --device cuda: no GPU" "$train" --device cuda
+expect_error "--device cuda without a GPU" "use --device cpu" "$train" "${common[@]}" --max-steps 1 --out nogpu --device cuda
+check "--bpe-only shows how a line splits" sh -c "echo 'three hundred' | '$train' --data numbers --vocab short/vocab.bpe --bpe-only | grep -q '^▁th.* ▁hundred$'"
 # 5. A learning rate far too large makes the loss NaN within a few steps: training stops with one line
 #    naming the last good checkpoint (written every 0.06 s here), which is left intact and usable.
 expect_error "a NaN loss stops training" "the loss is NaN at step .*last good checkpoint (nan/ckpt-.*) is kept" \

@@ -34,7 +34,7 @@ if [ -f "$golden/hyp_small_test2016.de" ] && [ -f "$root/../shared/data/multi30k
   gzip -dc "$root/../shared/data/multi30k/test_2016_flickr.de.gz" > ref.de
   "$translate" --score "$golden/hyp_small_test2016.de" --ref ref.de > score.txt
   check "--score prints sacreBLEU's line" test "$(sed -n 1p score.txt)" = "BLEU = 33.93 63.0/39.7/27.6/19.2 (BP = 1.000 ratio = 1.059 hyp_len = 12816 ref_len = 12106)"
-  check "--score prints the signature" test "$(sed -n 2p score.txt)" = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp"
+  check "--score prints the signature" test "$(sed -n 2p score.txt)" = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"
 fi
 "$translate" "${m[@]}" -i in.txt --ref in.txt > /dev/null 2> bleu.log
 check "--ref prints BLEU on stderr" grep -q "^BLEU = " bleu.log
