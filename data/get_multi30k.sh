@@ -14,11 +14,12 @@ for split in train val test_2016_flickr; do
       if [ -f "$MULTI30K_DIR/$name.gz" ]; then gzip -dc "$MULTI30K_DIR/$name.gz" > "$tmp"
       elif [ -f "$MULTI30K_DIR/$name" ]; then cp "$MULTI30K_DIR/$name" "$tmp"
       else echo "make data: $MULTI30K_DIR has neither $name.gz nor $name" >&2; exit 1; fi
-    elif ! curl -fsSL --retry 2 "$url/$name.gz" | gzip -dc > "$tmp"; then
-      rm -f "$tmp"
+    elif ! curl -fsL --retry 2 -o "$tmp.gz" "$url/$name.gz" 2>/dev/null || ! gzip -dc "$tmp.gz" > "$tmp" 2>/dev/null; then
+      rm -f "$tmp" "$tmp.gz"
       echo "make data: cannot download $url/$name.gz; set MULTI30K_DIR to a folder holding the .gz files" >&2
       exit 1
     fi
+    rm -f "$tmp.gz"
     mv "$tmp" "$out/$name"
   done
 done

@@ -3,7 +3,8 @@
 #   1. a short run's loss falls below a threshold derived from the vocabulary (below);
 #   2. resume determinism: 40 steps straight == 20 steps, --resume, 20 more (losses identical, bit for bit);
 #   3. Ctrl-C writes a checkpoint and exits 0; --average writes a model ./translate can use;
-#   4. bad input: one clear line and a non-zero exit.
+#   4. bad input: one clear line and a non-zero exit;
+#   5. a NaN loss stops training and keeps the last good checkpoint.
 # Usage: train_cli.sh ROOT
 set -u
 root="$(cd "$1" && pwd)"
@@ -78,6 +79,11 @@ expect_error "unknown option" "unknown option '--bogus'" "$train" --bogus
 expect_error "bad number" "--max-steps needs an integer" "$train" --max-steps -5
 expect_error "--device cuda without a GPU" "use --device cpu" "$train" "${common[@]}" --max-steps 1 --out nogpu --device cuda
 check "--bpe-only shows how a line splits" sh -c "echo 'three hundred' | '$train' --data numbers --vocab short/vocab.bpe --bpe-only | grep -q '^▁th.* ▁hundred$'"
+# 5. A learning rate far too large makes the loss NaN within a few steps: training stops with one line
+#    naming the last good checkpoint (written every 0.06 s here), which is left intact and usable.
+expect_error "a NaN loss stops training" "the loss is NaN at step .*last good checkpoint (nan/ckpt-.*) is kept" \
+  "$train" "${common[@]}" --lr-scale 1e9 --warmup 1 --max-steps 100 --checkpoint-every 0.001 --out nan
+check "the last good checkpoint still translates" sh -c "echo 'twenty-one' | '$root/translate' -m nan/model.bin > /dev/null"
 check "--help lists the options with defaults" sh -c "'$train' --help | grep -q -- '--batch-tokens N .*default 4096'"
 
 cli_finish
