@@ -330,7 +330,6 @@ Evaluation evaluate(Transformer<float>& m, const std::vector<Pair>& pairs, const
     n += k;
   }
   e.loss = n ? sum / n : NAN;
-  transformer_download(m);  // decoding runs on the CPU, from the host copy of the parameters
   const size_t count = std::min(pairs.size(), (size_t)decode);
   if (count == 0) return e;
   std::vector<std::vector<int>> src;

@@ -9,9 +9,11 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <stdexcept>
+#include <type_traits>
 #include <utility>
 
 #include <unistd.h>  // fsync
@@ -491,11 +493,11 @@ template <typename T> static void embed_token(T* out /*(D)*/, const T* e /*(D)*/
 }
 
 template <typename T>
-void embedding_forward(T* out, const int* ids, const T* emb, int B, int L, int D) {
+void embedding_forward(T* out, const int* ids, const T* emb, int B, int L, int D, int first_pos) {
 #pragma omp parallel for collapse(2) if ((long)B * L * D > 100000)
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < L; ++t)
-      embed_token(out + ((size_t)b * L + t) * D, emb + (size_t)ids[(size_t)b * L + t] * D, t, D);
+      embed_token(out + ((size_t)b * L + t) * D, emb + (size_t)ids[(size_t)b * L + t] * D, first_pos + t, D);
 }
 
 template <typename T>
@@ -607,6 +609,27 @@ template <typename T> double grad_norm(const T* grads, size_t n) {
 template <typename T> void scale_grads(T* grads, size_t n, double factor) {
 #pragma omp parallel for if (n > 100000)
   for (size_t i = 0; i < n; ++i) grads[i] = T(grads[i] * factor);
+}
+
+// ---- §6 decoding's own operations --------------------------------------------------------------------
+
+template <typename T> void log_softmax(T* out, const T* logits, int M, int V) {
+#pragma omp parallel for schedule(static)
+  for (int r = 0; r < M; ++r) {
+    const T* z = logits + (size_t)r * V;
+    T* o = out + (size_t)r * V;
+    double mx = -INFINITY, sum = 0;
+    for (int v = 0; v < V; ++v) mx = std::max(mx, (double)z[v]);
+    for (int v = 0; v < V; ++v) sum += std::exp((double)z[v] - mx);
+    const double lse = mx + std::log(sum);
+    for (int v = 0; v < V; ++v) o[v] = T((double)z[v] - lse);
+  }
+}
+
+template <typename T>
+void copy_rows(T* dst, size_t dst_stride, const T* src, size_t src_stride, const int* index, int rows, size_t width) {
+#pragma omp parallel for if ((long)rows * width > 100000)
+  for (int r = 0; r < rows; ++r) std::copy_n(src + (size_t)(index ? index[r] : r) * src_stride, width, dst + (size_t)r * dst_stride);
 }
 
 }  // namespace cpu
@@ -760,13 +783,17 @@ static void prepare_activations(Activations<T>& a, const Config& c, const Batch&
   X(layernorm_backward) X(residual_forward) X(residual_backward) X(multihead_attention_forward)                 \
   X(multihead_attention_backward) X(ffn_forward) X(ffn_backward) X(output_projection_forward)                   \
   X(output_projection_backward) X(label_smoothed_xent_forward) X(label_smoothed_xent_backward)                  \
-  X(adam_update) X(grad_norm) X(scale_grads)
+  X(adam_update) X(grad_norm) X(scale_grads) X(linear_forward) X(attention_forward) X(log_softmax) X(copy_rows)
 #define CPU_OP(name) \
   template <typename... A> static auto name(A&&... args) { return cpu::name(std::forward<A>(args)...); }
 struct CpuOps {
   TRANSFORMER_OPS(CPU_OP)
+  template <typename T> using Buffer = std::vector<T>;  // n elements of this device's memory: Buffer<T>(n)
   template <typename T> static void zero(T* p, size_t n) { std::fill(p, p + n, T(0)); }
   template <typename T> static void copy(T* dst, const T* src, size_t n) { std::copy(src, src + n, dst); }
+  // between the host and this device (decoding's tokens and masks in, log-probabilities out)
+  template <typename T> static void upload(T* dst, const T* src, size_t n) { std::copy_n(src, n, dst); }
+  template <typename T> static void download(T* dst, const T* src, size_t n) { std::copy_n(src, n, dst); }
 };
 
 // What one forward and backward pass reads and writes, all on one device.
@@ -1063,182 +1090,202 @@ int max_output_length(const Config& cfg, int source_tokens, int max_extra) {
   return std::max(1, std::min(source_tokens + max_extra, cfg.max_len));
 }
 
-// What decoding keeps between steps for R rows (hypotheses), each attending to one of the sources.
-template <typename T> struct DecoderCache {
-  int R = 0, S = 0, capacity = 0, t = 0;  // rows, source length, positions allocated, positions filled
-  std::vector<int> row_source;             // (R) which source each row translates
-  std::vector<uint8_t> src_valid;          // (sources, S)
-  std::vector<std::vector<T>> cross_k, cross_v;  // per layer (sources, S, D): computed once
-  std::vector<std::vector<T>> self_k, self_v;    // per layer (R, capacity, D): grows by one position a step
-  // scratch for one step, R rows
-  std::vector<T> x, q, kv, ctx, p, hpre, h, logits;
-  std::vector<T> sub[2];  // two sub-layer connections' outputs and statistics, ping-ponged
+// A model as decoding sees it, on one device: the configuration, the weights, and how to run the encoder
+// over a batch of sources (returning its output (B, S, D), on the same device).
+template <typename T> struct DecodingModel {
+  const Config& cfg;
+  const Weights<T>& W;
+  std::function<const T*(const Batch&)> encode;
 };
 
-// Runs the encoder over the sources and computes every layer's encoder-decoder keys and values; row r
-// starts as source r.
-template <typename T>
-static DecoderCache<T> start_decoding(Transformer<T>& m, const std::vector<std::vector<int>>& src, int capacity) {
-  const Config& c = m.cfg;
+// What decoding keeps between steps for R rows (hypotheses), each attending to one of the sources. The
+// buffers live where Ops computes; row_source and the masks' host copy stay on the host.
+template <typename Ops, typename T> struct DecoderCache {
+  template <typename U> using Buffer = typename Ops::template Buffer<U>;
+  int R = 0, S = 0, capacity = 0, t = 0;     // rows, source length, positions allocated, positions filled
+  int max_rows = 0;                          // rows allocated
+  std::vector<int> row_source;               // (R) which source each row translates
+  Buffer<uint8_t> src_valid;                 // (sources, S)
+  std::vector<Buffer<T>> cross_k, cross_v;   // per layer (sources, S, D): computed once
+  std::vector<Buffer<T>> self_k, self_v;     // per layer (max_rows, capacity, D): one position more a step
+  Buffer<T> reordered;                       // (max_rows, capacity, D): where reorder_rows gathers
+  std::vector<uint8_t> host_self_valid;      // (R, capacity): positions 0..t are visible
+  Buffer<uint8_t> self_valid;                // its copy on the device
+  Buffer<int> ids;                           // (max_rows) this step's tokens, or reorder_rows' parents
+  // scratch for one step
+  Buffer<T> x, q, kv, ctx, p, hpre, h, logits;
+  Buffer<T> sub[2];  // two sub-layer connections' outputs and statistics, ping-ponged
+};
+
+// The sources as an encoder batch: make_batch appends </s>; a one-position decoder input (never run)
+// keeps validate_batch's checks.
+static Batch encoder_batch(const std::vector<std::vector<int>>& src) {
   std::vector<const std::vector<int>*> rows;
   for (const auto& s : src) rows.push_back(&s);
   Batch batch = make_batch(rows, {});
-  batch.T = 1;  // the encoder alone: a one-position decoder input keeps validate_batch's checks
+  batch.T = 1;
   batch.tgt_in.assign(batch.B, kBosId);
   batch.tgt_out.assign(batch.B, kEosId);
-  prepare_host(m, batch);
-  encoder_forward<CpuOps>(host_pass(m, batch, false));
-  DecoderCache<T> k;
-  k.S = batch.S;
-  k.capacity = capacity;
-  k.src_valid = m.acts.src_valid;
-  const size_t n = (size_t)batch.B * batch.S * c.D;
-  k.cross_k.assign(c.N, std::vector<T>(n));
-  k.cross_v.assign(c.N, std::vector<T>(n));
+  return batch;
+}
+
+// Runs the encoder over the sources and computes every layer's encoder-decoder keys and values; row r
+// starts as source r. Room for max_rows rows of `capacity` positions.
+template <typename Ops, typename T>
+static DecoderCache<Ops, T> start_decoding(const DecodingModel<T>& dm, const std::vector<std::vector<int>>& src, int capacity,
+                                           int max_rows) {
+  const Config& c = dm.cfg;
+  const Batch batch = encoder_batch(src);
+  const T* enc_out = dm.encode(batch);
+  DecoderCache<Ops, T> k;
+  const int D = c.D, B = batch.B, S = batch.S;
+  k.S = S, k.capacity = capacity, k.max_rows = max_rows;
+  std::vector<uint8_t> src_valid(batch.src.size());
+  for (size_t i = 0; i < src_valid.size(); ++i) src_valid[i] = batch.src[i] != kPadId;
+  k.src_valid = typename Ops::template Buffer<uint8_t>(src_valid.size());
+  Ops::upload(k.src_valid.data(), src_valid.data(), src_valid.size());
+  const size_t n = (size_t)B * S * D, cache = (size_t)max_rows * capacity * D, RD = (size_t)max_rows * D;
   for (int l = 0; l < c.N; ++l) {  // [§3.2.3] keys and values come from the encoder output
-    cpu::linear_forward(k.cross_k[l].data(), m.acts.enc.out, m.W.dec[l].cross.wk, (const T*)nullptr, batch.B * batch.S, c.D, c.D);
-    cpu::linear_forward(k.cross_v[l].data(), m.acts.enc.out, m.W.dec[l].cross.wv, (const T*)nullptr, batch.B * batch.S, c.D, c.D);
+    k.cross_k.emplace_back(n), k.cross_v.emplace_back(n), k.self_k.emplace_back(cache), k.self_v.emplace_back(cache);
+    Ops::linear_forward(k.cross_k[l].data(), enc_out, dm.W.dec[l].cross.wk, (const T*)nullptr, B * S, D, D);
+    Ops::linear_forward(k.cross_v[l].data(), enc_out, dm.W.dec[l].cross.wv, (const T*)nullptr, B * S, D, D);
   }
-  k.self_k.assign(c.N, {});
-  k.self_v.assign(c.N, {});
-  k.R = batch.B;  // one row per source to begin with
-  k.row_source.resize(batch.B);
+  k.reordered = decltype(k.reordered)(cache);
+  k.host_self_valid.assign((size_t)max_rows * capacity, 0);
+  k.self_valid = decltype(k.self_valid)(k.host_self_valid.size());
+  k.ids = decltype(k.ids)(max_rows);
+  for (auto* b : {&k.x, &k.q, &k.kv, &k.ctx}) *b = decltype(k.x)(RD);
+  k.p = decltype(k.p)((size_t)max_rows * c.H * std::max(capacity, S));
+  k.hpre = decltype(k.hpre)((size_t)max_rows * c.F), k.h = decltype(k.h)((size_t)max_rows * c.F);
+  k.logits = decltype(k.logits)((size_t)max_rows * c.V);
+  for (auto& s : k.sub) s = decltype(k.x)(4 * RD + 2 * max_rows);
+  k.R = B;  // one row per source to begin with
+  k.row_source.resize(B);
   std::iota(k.row_source.begin(), k.row_source.end(), 0);
   return k;
 }
 
 // Keeps the rows `parent` names (a row may be kept several times), in that order: beams reordered.
-template <typename T> static void reorder_rows(DecoderCache<T>& k, const std::vector<int>& parent, int D) {
-  const size_t row = (size_t)k.capacity * D, used = (size_t)k.t * D;
+template <typename Ops, typename T> static void reorder_rows(DecoderCache<Ops, T>& k, const std::vector<int>& parent, int D) {
+  const size_t row = (size_t)k.capacity * D;
   std::vector<int> source(parent.size());
   for (size_t r = 0; r < parent.size(); ++r) source[r] = k.row_source[parent[r]];
+  Ops::upload(k.ids.data(), parent.data(), parent.size());
   for (auto* cache : {&k.self_k, &k.self_v})
     for (auto& layer : *cache) {
-      std::vector<T> kept(parent.size() * row);
-      for (size_t r = 0; r < parent.size(); ++r)
-        std::copy_n(layer.begin() + parent[r] * row, used, kept.begin() + r * row);
-      layer.swap(kept);
+      Ops::copy_rows(k.reordered.data(), row, layer.data(), row, k.ids.data(), (int)parent.size(), (size_t)k.t * D);
+      std::swap(layer, k.reordered);
     }
   k.row_source.swap(source);
   k.R = (int)parent.size();
 }
 
 // One decoder step for every row: token[r] is the decoder input at position k.t; writes the
-// log-probabilities of the next token, logprob (R, V), and appends this position's keys and values.
-template <typename T> static void decoder_step(Transformer<T>& m, DecoderCache<T>& k, const int* token, T* logprob) {
-  const Config& c = m.cfg;
-  const int R = k.R, D = c.D, H = c.H, t = k.t;
-  const size_t RD = (size_t)R * D;
-  if (t >= k.capacity) throw std::logic_error("decoder_step: past the cache's capacity");
-  k.x.resize(RD), k.q.resize(RD), k.kv.resize(RD), k.ctx.resize(RD), k.p.resize((size_t)R * H * (t + 1 > k.S ? t + 1 : k.S));
-  k.hpre.resize((size_t)R * c.F), k.h.resize((size_t)R * c.F), k.logits.resize((size_t)R * c.V);
-  for (auto& s : k.sub) s.resize(4 * RD + 2 * R);
-  for (auto* cache : {&k.self_k, &k.self_v})
-    for (auto& layer : *cache) layer.resize((size_t)R * k.capacity * D);
+// log-probabilities of the next token, logprob (R, V) on the host, and appends this position's keys and
+// values.
+template <typename Ops, typename T>
+static void decoder_step(const DecodingModel<T>& dm, DecoderCache<Ops, T>& k, const int* token, T* logprob) {
+  const Config& c = dm.cfg;
+  const int R = k.R, D = c.D, H = c.H, t = k.t, cap = k.capacity;
+  const size_t RD = (size_t)R * D, row = (size_t)cap * D;
+  if (t >= cap) throw std::logic_error("decoder_step: past the cache's capacity");
+  if (R > k.max_rows) throw std::logic_error("decoder_step: more rows than the cache has");
   auto acts = [&](int i) {  // a sub-layer connection's buffers for R rows (no backward: nothing is kept)
     T* b = k.sub[i].data();
     return SublayerActs<T>{b, b + RD, b + 2 * RD, b + 3 * RD, b + 4 * RD, b + 4 * RD + R};
   };
   const DropoutKey none{};
-  const std::vector<uint8_t> all_visible(t + 1, 1);
+  for (int r = 0; r < k.max_rows; ++r) k.host_self_valid[(size_t)r * cap + t] = 1;  // every row has t+1 positions
+  Ops::upload(k.self_valid.data(), k.host_self_valid.data(), (size_t)R * cap);
+  Ops::upload(k.ids.data(), token, R);
   // [§3.4, §3.5] the embedded input at position t
-  for (int r = 0; r < R; ++r) cpu::embed_token(k.x.data() + (size_t)r * D, m.W.emb + (size_t)token[r] * D, t, D);
+  Ops::embedding_forward(k.x.data(), k.ids.data(), dm.W.emb, R, 1, D, t);
   const T* x = k.x.data();
   int cur = 0;
   for (int l = 0; l < c.N; ++l) {
-    const DecoderLayerWeights<T>& w = m.W.dec[l];
+    const DecoderLayerWeights<T>& w = dm.W.dec[l];
     T* K = k.self_k[l].data();
     T* V = k.self_v[l].data();
     // [§3.2.3] masked self-attention: this position attends to positions 0..t, all in the cache
     SublayerActs<T> self = acts(cur);
-    sublayer_connection_forward<CpuOps>(self, x, w.ln1, c, none, R, [&](const T* in, T* y) {
-      cpu::linear_forward(k.q.data(), in, w.self.wq, (const T*)nullptr, R, D, D);
-      cpu::linear_forward(k.kv.data(), in, w.self.wk, (const T*)nullptr, R, D, D);
-      for (int r = 0; r < R; ++r) std::copy_n(k.kv.data() + (size_t)r * D, D, K + ((size_t)r * k.capacity + t) * D);
-      cpu::linear_forward(k.kv.data(), in, w.self.wv, (const T*)nullptr, R, D, D);
-      for (int r = 0; r < R; ++r) std::copy_n(k.kv.data() + (size_t)r * D, D, V + ((size_t)r * k.capacity + t) * D);
-#pragma omp parallel for schedule(static)
-      for (int r = 0; r < R; ++r)  // [Eq. 1] one query row against the cached keys and values
-        cpu::attention_forward(k.ctx.data() + (size_t)r * D, k.p.data() + (size_t)r * H * (t + 1), k.q.data() + (size_t)r * D,
-                               K + (size_t)r * k.capacity * D, V + (size_t)r * k.capacity * D, all_visible.data(), false,
-                               none, 1, 1, t + 1, D, H);
-      cpu::linear_forward(y, k.ctx.data(), w.self.wo, (const T*)nullptr, R, D, D);
+    sublayer_connection_forward<Ops>(self, x, w.ln1, c, none, R, [&](const T* in, T* y) {
+      Ops::linear_forward(k.q.data(), in, w.self.wq, (const T*)nullptr, R, D, D);
+      Ops::linear_forward(k.kv.data(), in, w.self.wk, (const T*)nullptr, R, D, D);
+      Ops::copy_rows(K + (size_t)t * D, row, k.kv.data(), (size_t)D, (const int*)nullptr, R, (size_t)D);
+      Ops::linear_forward(k.kv.data(), in, w.self.wv, (const T*)nullptr, R, D, D);
+      Ops::copy_rows(V + (size_t)t * D, row, k.kv.data(), (size_t)D, (const int*)nullptr, R, (size_t)D);
+      // [Eq. 1] each row's one query against its cached keys and values (positions past t are masked)
+      Ops::attention_forward(k.ctx.data(), k.p.data(), k.q.data(), K, V, k.self_valid.data(), false, none, R, 1, cap, D, H);
+      Ops::linear_forward(y, k.ctx.data(), w.self.wo, (const T*)nullptr, R, D, D);
     });
     cur = 1 - cur;
-    // [§3.2.3] encoder-decoder attention against the keys and values computed once per source
+    // [§3.2.3] encoder-decoder attention against the keys and values computed once per source: the rows
+    // of one source (consecutive) are that source's queries
     SublayerActs<T> cross = acts(cur);
-    sublayer_connection_forward<CpuOps>(cross, self.out, w.ln2, c, none, R, [&](const T* in, T* y) {
-      cpu::linear_forward(k.q.data(), in, w.cross.wq, (const T*)nullptr, R, D, D);
-#pragma omp parallel for schedule(static)
-      for (int r = 0; r < R; ++r) {
-        const size_t s = k.row_source[r];
-        cpu::attention_forward(k.ctx.data() + (size_t)r * D, k.p.data() + (size_t)r * H * k.S, k.q.data() + (size_t)r * D,
+    sublayer_connection_forward<Ops>(cross, self.out, w.ln2, c, none, R, [&](const T* in, T* y) {
+      Ops::linear_forward(k.q.data(), in, w.cross.wq, (const T*)nullptr, R, D, D);
+      for (int r0 = 0, r1; r0 < R; r0 = r1) {
+        const size_t s = k.row_source[r0];
+        for (r1 = r0 + 1; r1 < R && k.row_source[r1] == (int)s;) ++r1;
+        Ops::attention_forward(k.ctx.data() + (size_t)r0 * D, k.p.data() + (size_t)r0 * H * k.S, k.q.data() + (size_t)r0 * D,
                                k.cross_k[l].data() + s * k.S * D, k.cross_v[l].data() + s * k.S * D,
-                               k.src_valid.data() + s * k.S, false, none, 1, 1, k.S, D, H);
+                               k.src_valid.data() + s * k.S, false, none, 1, r1 - r0, k.S, D, H);
       }
-      cpu::linear_forward(y, k.ctx.data(), w.cross.wo, (const T*)nullptr, R, D, D);
+      Ops::linear_forward(y, k.ctx.data(), w.cross.wo, (const T*)nullptr, R, D, D);
     });
     cur = 1 - cur;
     // [Eq. 2] the feed-forward network
     SublayerActs<T> ffn = acts(cur);
-    sublayer_connection_forward<CpuOps>(ffn, cross.out, w.ln3, c, none, R, [&](const T* in, T* y) {
-      cpu::ffn_forward(y, FfnActs<T>{k.hpre.data(), k.h.data()}, in, w.ffn, none, R, D, c.F);
+    sublayer_connection_forward<Ops>(ffn, cross.out, w.ln3, c, none, R, [&](const T* in, T* y) {
+      Ops::ffn_forward(y, FfnActs<T>{k.hpre.data(), k.h.data()}, in, w.ffn, none, R, D, c.F);
     });
     cur = 1 - cur;
     x = ffn.out;
   }
   if (c.pre_ln) {  // the decoder stack's final LayerNorm
     SublayerActs<T> fin = acts(cur);
-    cpu::layernorm_forward(fin.out, fin.mean, fin.rstd, x, m.W.dec_final.g, m.W.dec_final.b, R, D, c.ln_eps);
+    Ops::layernorm_forward(fin.out, fin.mean, fin.rstd, x, dm.W.dec_final.g, dm.W.dec_final.b, R, D, c.ln_eps);
     x = fin.out;
   }
   // [§3.4] logits = y E^T, then log-softmax; <pad> and <s> are never predicted
-  cpu::output_projection_forward(k.logits.data(), x, m.W.emb, R, D, c.V);
-#pragma omp parallel for schedule(static)
-  for (int r = 0; r < R; ++r) {
-    const T* z = k.logits.data() + (size_t)r * c.V;
-    T* o = logprob + (size_t)r * c.V;
-    double mx = -INFINITY, sum = 0;
-    for (int v = 0; v < c.V; ++v) mx = std::max(mx, (double)z[v]);
-    for (int v = 0; v < c.V; ++v) sum += std::exp((double)z[v] - mx);
-    const double lse = mx + std::log(sum);
-    for (int v = 0; v < c.V; ++v) o[v] = T((double)z[v] - lse);
-    o[kPadId] = o[kBosId] = -std::numeric_limits<T>::infinity();
-  }
+  Ops::output_projection_forward(k.logits.data(), x, dm.W.emb, R, D, c.V);
+  Ops::log_softmax(k.logits.data(), k.logits.data(), R, c.V);
+  Ops::download(logprob, k.logits.data(), (size_t)R * c.V);
+  for (int r = 0; r < R; ++r) logprob[(size_t)r * c.V + kPadId] = logprob[(size_t)r * c.V + kBosId] = -std::numeric_limits<T>::infinity();
   k.t += 1;
 }
 
-template <typename T>
-std::vector<T> decoder_logprobs(Transformer<T>& m, const std::vector<int>& src, const std::vector<int>& y) {
-  const int V = m.cfg.V, steps = (int)y.size() + 1;
-  DecoderCache<T> k = start_decoding(m, {src}, steps);
+template <typename Ops, typename T>
+static std::vector<T> decoder_logprobs_on(const DecodingModel<T>& dm, const std::vector<int>& src, const std::vector<int>& y) {
+  const int V = dm.cfg.V, steps = (int)y.size() + 1;
+  DecoderCache<Ops, T> k = start_decoding<Ops>(dm, {src}, steps, 1);
   std::vector<T> out((size_t)steps * V);
   int token = kBosId;
   for (int t = 0; t < steps; ++t) {
-    decoder_step(m, k, &token, out.data() + (size_t)t * V);
+    decoder_step(dm, k, &token, out.data() + (size_t)t * V);
     if (t < (int)y.size()) token = y[t];
   }
   return out;
 }
 
-template <typename T>
-std::vector<Hypothesis> greedy_decode(Transformer<T>& m, const std::vector<std::vector<int>>& src, int max_extra) {
-  const int V = m.cfg.V, B = (int)src.size();
+template <typename Ops, typename T>
+static std::vector<Hypothesis> greedy_decode_on(const DecodingModel<T>& dm, const std::vector<std::vector<int>>& src,
+                                                int max_extra) {
+  const int V = dm.cfg.V, B = (int)src.size();
   std::vector<Hypothesis> out(B);
   if (B == 0) return out;
   std::vector<int> limit(B), live(B);  // live: the sentence of each row
   int longest = 0;
   for (int b = 0; b < B; ++b) {
-    limit[b] = max_output_length(m.cfg, (int)src[b].size(), max_extra);
+    limit[b] = max_output_length(dm.cfg, (int)src[b].size(), max_extra);
     longest = std::max(longest, limit[b]);
     live[b] = b;
   }
-  DecoderCache<T> k = start_decoding(m, src, longest);
+  DecoderCache<Ops, T> k = start_decoding<Ops>(dm, src, longest, B);
   std::vector<int> token(B, kBosId);
-  std::vector<T> logprob;
+  std::vector<T> logprob((size_t)B * V);
   while (!live.empty()) {
-    logprob.resize((size_t)k.R * V);
-    decoder_step(m, k, token.data(), logprob.data());
+    decoder_step(dm, k, token.data(), logprob.data());
     std::vector<int> keep, next;
     for (int r = 0; r < k.R; ++r) {
       const T* lp = logprob.data() + (size_t)r * V;
@@ -1256,28 +1303,28 @@ std::vector<Hypothesis> greedy_decode(Transformer<T>& m, const std::vector<std::
     for (int r : keep) sentences.push_back(live[r]);
     live.swap(sentences);
     token.swap(next);
-    if (!live.empty()) reorder_rows(k, keep, m.cfg.D);
+    if (!live.empty()) reorder_rows(k, keep, dm.cfg.D);
   }
   return out;
 }
 
-template <typename T>
-std::vector<std::vector<Hypothesis>> beam_search(Transformer<T>& m, const std::vector<std::vector<int>>& src,
-                                                 const DecodeOptions& opt) {
+template <typename Ops, typename T>
+static std::vector<std::vector<Hypothesis>> beam_search_on(const DecodingModel<T>& dm, const std::vector<std::vector<int>>& src,
+                                                           const DecodeOptions& opt) {
   if (opt.beam < 1 || opt.n_best < 1 || opt.n_best > opt.beam || opt.alpha < 0 || opt.max_extra < 0)
     throw std::invalid_argument("beam search needs beam >= 1, 1 <= n_best <= beam, alpha >= 0, max_extra >= 0");
-  const int V = m.cfg.V, B = (int)src.size(), K = opt.beam;
+  const int V = dm.cfg.V, B = (int)src.size(), K = opt.beam;
   std::vector<std::vector<Hypothesis>> finished(B);
   if (B == 0) return finished;
   std::vector<Hypothesis> live(B);  // the live hypotheses of every sentence, one per cache row
   std::vector<int> limit(B), row_sentence(B);
   int longest = 0;
   for (int b = 0; b < B; ++b) {
-    limit[b] = max_output_length(m.cfg, (int)src[b].size(), opt.max_extra);
+    limit[b] = max_output_length(dm.cfg, (int)src[b].size(), opt.max_extra);
     longest = std::max(longest, limit[b]);
     row_sentence[b] = b;
   }
-  DecoderCache<T> k = start_decoding(m, src, longest);
+  DecoderCache<Ops, T> k = start_decoding<Ops>(dm, src, longest, B * K);
   std::vector<int> token(B, kBosId);
   std::vector<T> logprob;
   struct Candidate { double logprob; int row, token; };
@@ -1287,7 +1334,7 @@ std::vector<std::vector<Hypothesis>> beam_search(Transformer<T>& m, const std::v
   auto by_score = [](const Hypothesis& a, const Hypothesis& b) { return a.score > b.score; };
   while (k.R > 0) {
     logprob.resize((size_t)k.R * V);
-    decoder_step(m, k, token.data(), logprob.data());
+    decoder_step(dm, k, token.data(), logprob.data());
     std::vector<Hypothesis> next_live;
     std::vector<int> parent, next_token, next_sentence;
     for (int r0 = 0; r0 < k.R;) {  // the rows r0..r1-1 belong to one sentence
@@ -1348,7 +1395,7 @@ std::vector<std::vector<Hypothesis>> beam_search(Transformer<T>& m, const std::v
     live.swap(next_live);
     token.swap(next_token);
     row_sentence.swap(next_sentence);
-    if (!parent.empty()) reorder_rows(k, parent, m.cfg.D);
+    if (!parent.empty()) reorder_rows(k, parent, dm.cfg.D);
     else k.R = 0;
   }
   for (auto& f : finished) {
@@ -1356,6 +1403,38 @@ std::vector<std::vector<Hypothesis>> beam_search(Transformer<T>& m, const std::v
     if ((int)f.size() > opt.n_best) f.resize(opt.n_best);
   }
   return finished;
+}
+
+// The model on the CPU, as decoding sees it.
+template <typename T> static DecodingModel<T> host_decoding_model(Transformer<T>& m) {
+  return {m.cfg, m.W, [&m](const Batch& batch) {
+            prepare_host(m, batch);
+            encoder_forward<CpuOps>(host_pass(m, batch, false));
+            return (const T*)m.acts.enc.out;
+          }};
+}
+
+// Decoding runs where the model is: on its device (float only) when it has one, else on the CPU.
+template <typename T>
+std::vector<Hypothesis> greedy_decode(Transformer<T>& m, const std::vector<std::vector<int>>& src, int max_extra) {
+  if constexpr (std::is_same_v<T, float>)
+    if (m.device) return m.device->greedy_decode(src, max_extra);
+  return greedy_decode_on<CpuOps>(host_decoding_model(m), src, max_extra);
+}
+
+template <typename T>
+std::vector<std::vector<Hypothesis>> beam_search(Transformer<T>& m, const std::vector<std::vector<int>>& src,
+                                                 const DecodeOptions& opt) {
+  if constexpr (std::is_same_v<T, float>)
+    if (m.device) return m.device->beam_search(src, opt);
+  return beam_search_on<CpuOps>(host_decoding_model(m), src, opt);
+}
+
+template <typename T>
+std::vector<T> decoder_logprobs(Transformer<T>& m, const std::vector<int>& src, const std::vector<int>& y) {
+  if constexpr (std::is_same_v<T, float>)
+    if (m.device) return m.device->decoder_logprobs(src, y);
+  return decoder_logprobs_on<CpuOps>(host_decoding_model(m), src, y);
 }
 
 // ---- checkpoints ---------------------------------------------------------------------------------------
@@ -1516,6 +1595,7 @@ template <typename T> std::vector<const void*> instantiate_for() {
       (const void*)&cpu::output_projection_forward<T>, (const void*)&cpu::output_projection_backward<T>,
       (const void*)&cpu::label_smoothed_xent_forward<T>, (const void*)&cpu::label_smoothed_xent_backward<T>,
       (const void*)&cpu::adam_update<T>, (const void*)&cpu::grad_norm<T>, (const void*)&cpu::scale_grads<T>,
+      (const void*)&cpu::log_softmax<T>, (const void*)&cpu::copy_rows<T>,
       (const void*)&greedy_decode<T>, (const void*)&beam_search<T>, (const void*)&decoder_logprobs<T>,
   };
 }
@@ -1674,11 +1754,11 @@ void dropout_backward(float* din, const float* dout, DropoutKey key, size_t n) {
 }
 
 // ---- §3.4, §3.5 embeddings -------------------------------------------------------------------------
-__global__ void embedding_forward_kernel(float* out, const int* ids, const float* emb, int L, int D, size_t n) {
+__global__ void embedding_forward_kernel(float* out, const int* ids, const float* emb, int L, int D, int first_pos, size_t n) {
   const float sqrt_d = sqrtf((float)D);
   GRID_STRIDE(i, n) {
     const size_t r = i / D;
-    const int d = (int)(i % D), t = (int)(r % L);
+    const int d = (int)(i % D), t = first_pos + (int)(r % L);
     out[i] = emb[(size_t)ids[r] * D + d] * sqrt_d + (float)positional_encoding(t, d, D);
   }
 }
@@ -1686,9 +1766,10 @@ __global__ void embedding_backward_kernel(float* demb, const float* dout, const 
   const float sqrt_d = sqrtf((float)D);
   GRID_STRIDE(i, n) atomicAdd(&demb[(size_t)ids[i / D] * D + i % D], dout[i] * sqrt_d);  // a token may repeat
 }
-void embedding_forward(float* out, const int* ids, const float* emb, int B, int L, int D) {
+void embedding_forward(float* out, const int* ids, const float* emb, int B, int L, int D, int first_pos) {
   const size_t n = (size_t)B * L * D;
-  embedding_forward_kernel<<<blocks_for(n), 256>>>(out, ids, emb, L, D, n);
+  if (n == 0) return;
+  embedding_forward_kernel<<<blocks_for(n), 256>>>(out, ids, emb, L, D, first_pos, n);
   check_launch();
 }
 void embedding_backward(float* demb, const float* dout, const int* ids, int B, int L, int D) {
@@ -2038,6 +2119,59 @@ void scale_grads(float* grads, size_t n, double factor) {
   if (n) scale_kernel<<<blocks_for(n), 256>>>(grads, n, (float)factor), check_launch();
 }
 
+// ---- §6 decoding's own operations --------------------------------------------------------------------
+// One block per row; the sum of exponentials in double, as on the CPU.
+__global__ void log_softmax_kernel(float* out, const float* logits, int V) {
+  __shared__ float red[kRowThreads];
+  __shared__ double dred[kRowThreads];
+  const float* z = logits + (size_t)blockIdx.x * V;
+  float* o = out + (size_t)blockIdx.x * V;
+  float mx = -INFINITY;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, z[v]);
+  mx = block_max(mx, red);
+  double s = 0;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) s += exp((double)z[v] - mx);
+  s = block_sum(s, dred);
+  const double lse = mx + log(s);
+  for (int v = threadIdx.x; v < V; v += blockDim.x) o[v] = (float)((double)z[v] - lse);
+}
+void log_softmax(float* out, const float* logits, int M, int V) {
+  if (M == 0) return;
+  log_softmax_kernel<<<M, kRowThreads>>>(out, logits, V);
+  check_launch();
+}
+
+__global__ void copy_rows_kernel(float* dst, size_t dst_stride, const float* src, size_t src_stride, const int* index,
+                                 size_t width, size_t n) {
+  GRID_STRIDE(i, n) {
+    const size_t r = i / width, c = i % width;
+    dst[r * dst_stride + c] = src[(size_t)(index ? index[r] : r) * src_stride + c];
+  }
+}
+void copy_rows(float* dst, size_t dst_stride, const float* src, size_t src_stride, const int* index, int rows, size_t width) {
+  const size_t n = (size_t)rows * width;
+  if (n == 0) return;
+  copy_rows_kernel<<<blocks_for(n), 256>>>(dst, dst_stride, src, src_stride, index, width, n);
+  check_launch();
+}
+
+// n elements of device memory, zeroed, released with the object (decoding's caches).
+template <typename T> class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t n) : p(alloc_of<T>(n)) { CUDA_CHECK(cudaMemset(p, 0, std::max<size_t>(n, 1) * sizeof(T))); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : p(std::exchange(o.p, nullptr)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    std::swap(p, o.p);
+    return *this;
+  }
+  ~DeviceBuffer() { cudaFree(p); }  // no throwing from here: an error is ignored
+  T* data() const { return p; }
+
+ private:
+  T* p = nullptr;
+};
+
 }  // namespace gpu
 
 // ---- the model on the GPU: the same call list (forward_pass, backward_pass) with GpuOps ------------------
@@ -2045,10 +2179,13 @@ void scale_grads(float* grads, size_t n, double factor) {
   template <typename... A> static auto name(A&&... args) { return gpu::name(std::forward<A>(args)...); }
 struct GpuOps {
   TRANSFORMER_OPS(GPU_OP)
+  template <typename T> using Buffer = gpu::DeviceBuffer<T>;
   static void zero(float* p, size_t n) { gpu::fill(p, 0, n); }
   static void copy(float* dst, const float* src, size_t n) {
     CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice));
   }
+  template <typename T> static void upload(T* dst, const T* src, size_t n) { gpu::upload(dst, src, n); }
+  static void download(float* dst, const float* src, size_t n) { gpu::download(dst, src, n); }
 };
 
 class GpuModel : public DeviceModel {
@@ -2066,6 +2203,34 @@ class GpuModel : public DeviceModel {
     for (void* p : {(void*)params, (void*)grads, (void*)adam_m, (void*)adam_v, (void*)arena, (void*)ids, (void*)valid}) cudaFree(p);
   }
   double forward(const Batch& b, bool train) override {
+    prepare(b);
+    return forward_pass<GpuOps>(pass(train));
+  }
+  void backward(const Batch& b, bool train) override {
+    if (b.B != B || b.S != S || b.T != Tl) throw std::logic_error("backward of another batch than the last forward");
+    backward_pass<GpuOps>(pass(train));
+  }
+  void zero_grad() override { gpu::fill(grads, 0, n); }
+  void update(double lr) override { optimizer_step<GpuOps>(m.cfg, params, grads, adam_m, adam_v, n, lr, m.step); }
+  void download() override {
+    gpu::download(m.params.data(), params, n);
+    gpu::download(m.grads.data(), grads, n);
+    gpu::download(m.adam_m.data(), adam_m, n);
+    gpu::download(m.adam_v.data(), adam_v, n);
+  }
+  std::vector<Hypothesis> greedy_decode(const std::vector<std::vector<int>>& src, int max_extra) override {
+    return greedy_decode_on<GpuOps>(decoding_model(), src, max_extra);
+  }
+  std::vector<std::vector<Hypothesis>> beam_search(const std::vector<std::vector<int>>& src, const DecodeOptions& opt) override {
+    return beam_search_on<GpuOps>(decoding_model(), src, opt);
+  }
+  std::vector<float> decoder_logprobs(const std::vector<int>& src, const std::vector<int>& y) override {
+    return decoder_logprobs_on<GpuOps>(decoding_model(), src, y);
+  }
+
+ private:
+  // Carves the activation arena for the batch's shape and uploads its tokens and masks.
+  void prepare(const Batch& b) {
     validate_batch(m.cfg, b);
     prepare_activations(acts, m.cfg, b, [&](size_t need) {
       if (need > arena_size) {
@@ -2086,22 +2251,15 @@ class GpuModel : public DeviceModel {
     gpu::upload(valid, acts.src_valid.data(), ns);
     gpu::upload(valid + ns, acts.tgt_valid.data(), nt);
     B = b.B, S = b.S, Tl = b.T;
-    return forward_pass<GpuOps>(pass(train));
   }
-  void backward(const Batch& b, bool train) override {
-    if (b.B != B || b.S != S || b.T != Tl) throw std::logic_error("backward of another batch than the last forward");
-    backward_pass<GpuOps>(pass(train));
+  // The model on the GPU, as decoding sees it: the encoder runs here over the sources.
+  DecodingModel<float> decoding_model() {
+    return {m.cfg, W, [this](const Batch& b) {
+              prepare(b);
+              encoder_forward<GpuOps>(pass(false));
+              return (const float*)acts.enc.out;
+            }};
   }
-  void zero_grad() override { gpu::fill(grads, 0, n); }
-  void update(double lr) override { optimizer_step<GpuOps>(m.cfg, params, grads, adam_m, adam_v, n, lr, m.step); }
-  void download() override {
-    gpu::download(m.params.data(), params, n);
-    gpu::download(m.grads.data(), grads, n);
-    gpu::download(m.adam_m.data(), adam_m, n);
-    gpu::download(m.adam_v.data(), adam_v, n);
-  }
-
- private:
   Pass<float> pass(bool train) {
     const size_t ns = (size_t)B * S, nt = (size_t)B * Tl;
     return Pass<float>{m.cfg, W, G, acts, ids, ids + ns, ids + ns + nt, valid, valid + ns, B, S, Tl, m.seed, m.step, train};

@@ -168,10 +168,24 @@ template <typename T> struct Activations {
   T *dh, *dlogits;          // (B*L, F) and (B, T, V)
 };
 
+// ---- decoding's options and results (§6; the functions are below) -------------------------------------
+struct DecodeOptions {
+  int beam = 4;          // [§6] beam size
+  double alpha = 0.6;    // [§6] length penalty lp(Y) = ((5 + |Y|) / 6)^alpha
+  int max_extra = 50;    // [§6] output length <= source length + max_extra
+  int n_best = 1;        // hypotheses returned per sentence (<= beam)
+};
+struct Hypothesis {
+  std::vector<int> tokens;  // without <s> and </s>
+  double logprob = 0;       // log P(Y | X), </s> included when finished
+  double score = 0;         // logprob / lp(Y), |Y| counting </s>
+  bool finished = false;    // ended with </s> (false: stopped at the length limit)
+};
+
 // ---- the model ---------------------------------------------------------------------------------------
 // A model's state on an accelerator (the GPU section of transformer.cu implements it): the parameters,
 // gradients and Adam state as single device buffers, and a device activation arena. While a model has
-// one, transformer_forward, transformer_backward, zero_grad and transformer_update run there.
+// one, transformer_forward, transformer_backward, zero_grad, transformer_update and decoding run there.
 struct DeviceModel {
   virtual ~DeviceModel() = default;
   virtual double forward(const Batch& batch, bool train) = 0;
@@ -179,6 +193,11 @@ struct DeviceModel {
   virtual void zero_grad() = 0;
   virtual void update(double lr) = 0;  // clipping when configured, and Adam at the model's step
   virtual void download() = 0;         // parameters and Adam state into the host buffers
+  // [§6] decoding on the device: what greedy_decode, beam_search and decoder_logprobs do
+  virtual std::vector<Hypothesis> greedy_decode(const std::vector<std::vector<int>>& src, int max_extra) = 0;
+  virtual std::vector<std::vector<Hypothesis>> beam_search(const std::vector<std::vector<int>>& src,
+                                                           const DecodeOptions& opt) = 0;
+  virtual std::vector<float> decoder_logprobs(const std::vector<int>& src, const std::vector<int>& y) = 0;
 };
 
 template <typename T> struct Transformer {
@@ -219,19 +238,8 @@ inline HOST_DEVICE double positional_encoding(int pos, int i, int D) {
 // Sources are BPE ids without specials (make_batch appends </s>); outputs are ids without <s> and </s>.
 // Sentences and their beams are decoded together, one decoder step for all of them at a time: the
 // decoder self-attention keys and values of earlier positions are cached and grow by one position a
-// step, the encoder-decoder keys and values are computed once per sentence. Dropout is off.
-struct DecodeOptions {
-  int beam = 4;          // [§6] beam size
-  double alpha = 0.6;    // [§6] length penalty lp(Y) = ((5 + |Y|) / 6)^alpha
-  int max_extra = 50;    // [§6] output length <= source length + max_extra
-  int n_best = 1;        // hypotheses returned per sentence (<= beam)
-};
-struct Hypothesis {
-  std::vector<int> tokens;  // without <s> and </s>
-  double logprob = 0;       // log P(Y | X), </s> included when finished
-  double score = 0;         // logprob / lp(Y), |Y| counting </s>
-  bool finished = false;    // ended with </s> (false: stopped at the length limit)
-};
+// step, the encoder-decoder keys and values are computed once per sentence. Dropout is off. Decoding
+// runs where the model is: on the GPU, with the caches there, after transformer_to_device.
 // [§6] GNMT's length penalty
 double length_penalty(int length, double alpha);
 // Longest output for a source of n tokens: n + max_extra, within the model's max_len.
@@ -287,10 +295,11 @@ template <typename T>
 void gemm(bool ta, bool tb, int M, int N, int K, const T* A, int lda, const T* B, int ldb, T* C, int ldc,
           bool accumulate);
 
-// [§3.4, §3.5] out = emb[ids] * sqrt(D) + PE
+// [§3.4, §3.5] out = emb[ids] * sqrt(D) + PE; position t of each row is first_pos + t (decoding embeds
+// one position at a time)
 template <typename T>
 void embedding_forward(T* out /*(B,L,D)*/, const int* ids /*(B,L)*/, const T* emb /*(V,D)*/, int B, int L,
-                       int D);
+                       int D, int first_pos = 0);
 template <typename T>
 void embedding_backward(T* demb /*(V,D)*/, const T* dout /*(B,L,D)*/, const int* ids /*(B,L)*/, int B,
                         int L, int D);
@@ -370,6 +379,14 @@ void adam_update(T* params, const T* grads, T* m, T* v, size_t n, double lr, dou
 template <typename T> double grad_norm(const T* grads, size_t n);
 template <typename T> void scale_grads(T* grads, size_t n, double factor);
 
+// [§6] Decoding's two operations of its own (inference only: nothing is trained through them).
+// out (M,V) = log softmax(logits) row by row; out may be logits.
+template <typename T> void log_softmax(T* out, const T* logits, int M, int V);
+// Row r of dst (rows `dst_stride` apart) = row index[r] of src (rows `src_stride` apart), or row r when
+// index is null; `width` elements a row. Appends to and reorders the K/V caches.
+template <typename T>
+void copy_rows(T* dst, size_t dst_stride, const T* src, size_t src_stride, const int* index, int rows, size_t width);
+
 }  // namespace cpu
 
 // ---- the GPU path (CUDA kernels and cuBLAS) ----------------------------------------------------------------
@@ -404,7 +421,7 @@ void set_tf32(bool on);  // cuBLAS TF32 tensor-core math; off (pedantic fp32) by
 
 void gemm(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc,
           bool accumulate);
-void embedding_forward(float* out, const int* ids, const float* emb, int B, int L, int D);
+void embedding_forward(float* out, const int* ids, const float* emb, int B, int L, int D, int first_pos = 0);
 void embedding_backward(float* demb, const float* dout, const int* ids, int B, int L, int D);
 void dropout_forward(float* out, const float* in, DropoutKey key, size_t n);
 void dropout_backward(float* din, const float* dout, DropoutKey key, size_t n);
@@ -443,5 +460,7 @@ void adam_update(float* params, const float* grads, float* m, float* v, size_t n
                  double eps, long t);
 double grad_norm(const float* grads, size_t n);
 void scale_grads(float* grads, size_t n, double factor);
+void log_softmax(float* out, const float* logits, int M, int V);
+void copy_rows(float* dst, size_t dst_stride, const float* src, size_t src_stride, const int* index, int rows, size_t width);
 }  // namespace gpu
 #endif

@@ -26,7 +26,7 @@
 namespace {
 
 struct Options {
-  std::string model, vocab, input, output, ref, score, attention, device = "cpu";
+  std::string model, vocab, input, output, ref, score, attention, device;  // device "": cuda when a GPU is present
   DecodeOptions decode;
   bool greedy = false, lowercase = false;
   int batch = 32;  // sentences decoded together
@@ -47,7 +47,7 @@ void usage(FILE* f) {
                "  --greedy             greedy decoding instead of beam search\n"
                "  --n-best K           K hypotheses per sentence: 'LINE ||| translation ||| score ||| log-prob'\n"
                "  --batch N            sentences decoded together (default 32)\n"
-               "  --device cpu|cuda    where to decode (default cpu)\n"
+               "  --device cpu|cuda    where to decode (default: cuda when a GPU is present, else cpu)\n"
                "  --ref FILE           reference translations: print sacreBLEU's BLEU on stderr\n"
                "  --score FILE         score FILE against --ref (no model)\n"
                "  --lowercase          case-insensitive BLEU\n"
@@ -103,7 +103,7 @@ Options parse(int argc, char** argv) {
     fail("--n-best must be between 1 and --beam (" + std::to_string(o.decode.beam) + ")");
   if (o.greedy && o.decode.n_best > 1) fail("--n-best needs beam search, not --greedy");
   if (o.batch < 1) fail("--batch must be at least 1");
-  if (o.device != "cpu" && o.device != "cuda") fail("--device must be cpu or cuda, got '" + o.device + "'");
+  if (!o.device.empty() && o.device != "cpu" && o.device != "cuda") fail("--device must be cpu or cuda, got '" + o.device + "'");
   if (o.score.empty() && o.model.empty()) fail("no model: give -m CHECKPOINT (or --score HYP --ref REF)");
   if (!o.score.empty() && o.ref.empty()) fail("--score needs --ref REF");
   return o;
@@ -222,8 +222,6 @@ int main(int argc, char** argv) {
       std::printf("%s\n%s\n", s.format().c_str(), bleu_signature(o.lowercase).c_str());
       return 0;
     }
-    if (o.device == "cuda") fail("--device cuda: decoding on the GPU is not available in this build; use --device cpu");
-
     CheckpointMeta meta{};
     std::unique_ptr<Transformer<float>> model = checkpoint_load(o.model, &meta);
     Transformer<float>& m = *model;
@@ -233,6 +231,8 @@ int main(int argc, char** argv) {
       fail(vocab_path + " is not the vocabulary " + o.model + " was trained with (hash mismatch)");
     if (tok.vocab_size() != m.cfg.V)
       fail(vocab_path + " has " + std::to_string(tok.vocab_size()) + " tokens but the model has " + std::to_string(m.cfg.V));
+    if (o.device.empty()) o.device = gpu_available() ? "cuda" : "cpu";
+    if (o.device == "cuda") transformer_to_device(m, Device::cuda);  // decoding and its K/V caches on the GPU
 
     // Encode everything first: a bad line stops the run before any output is written.
     const std::string input_name = o.input.empty() ? "stdin" : o.input;
@@ -300,6 +300,7 @@ int main(int argc, char** argv) {
     if (!o.attention.empty()) {
       if (order.empty()) fail("--attention: the input has no non-empty sentence to draw");
       const size_t first = *std::min_element(order.begin(), order.end());
+      transformer_to_device(m, Device::cpu);  // the maps are read from the CPU pass's saved activations
       write_attention_svg(o.attention, m, tok, src[first], result[first][0].tokens);
       std::fprintf(stderr, "translate: attention maps of line %zu written to %s\n", first + 1, o.attention.c_str());
     }

@@ -20,6 +20,19 @@ expect_error() {
     fails=$((fails + 1))
   fi
 }
+# on_cuda_or_error DESCRIPTION COMMAND...: runs a --device cuda COMMAND (stdout to out.txt, stderr to
+# err.txt). Where it succeeds (a CUDA build on a GPU) it returns 0 and the caller checks the output; where
+# it fails, that is one check: exactly one stderr line naming --device cpu.
+on_cuda_or_error() {
+  local what="$1"; shift
+  "$@" > out.txt 2> err.txt && return 0
+  checks=$((checks + 1))
+  if [ "$(wc -l < err.txt)" -ne 1 ] || ! grep -q -- "use --device cpu" err.txt; then
+    echo "FAIL $NAME: $what:"; cat err.txt
+    fails=$((fails + 1))
+  fi
+  return 1
+}
 cli_finish() {
   echo "$NAME: $checks checks, $fails failed"
   [ $fails -eq 0 ]

@@ -110,6 +110,10 @@ int main() {
     cpu::embedding_forward(out.h.data(), ids.data(), emb.h.data(), B, Lq, D);
     gpu::embedding_forward(out.d, dids, emb.d, B, Lq, D);
     rep.same(out, "embedding_forward");
+    out.poison();
+    cpu::embedding_forward(out.h.data(), ids.data(), emb.h.data(), M, 1, D, 5);  // decoding: one position, t = 5
+    gpu::embedding_forward(out.d, dids, emb.d, M, 1, D, 5);
+    rep.same(out, "embedding_forward (first_pos 5)");
     cpu::embedding_backward(demb.h.data(), dout.h.data(), ids.data(), B, Lq, D);
     gpu::embedding_backward(demb.d, dout.d, dids, B, Lq, D);
     rep.same(demb, "embedding_backward");
@@ -303,6 +307,28 @@ int main() {
     rep.same(g, "scale_grads");
   }
 
+  // decoding's own operations: log-softmax; rows appended to and gathered from a cache
+  {
+    Buf logits(r.vec((size_t)M * V, -8, 8)), out(zeros((size_t)M * V));
+    out.poison();
+    cpu::log_softmax(out.h.data(), logits.h.data(), M, V);
+    gpu::log_softmax(out.d, logits.d, M, V);
+    rep.same(out, "log_softmax");
+    const int rows = 5, cap = 7;
+    const std::vector<int> parent = {3, 0, 3, 4, 1};
+    int* dparent = gpu::alloc_ints(rows);
+    gpu::upload(dparent, parent.data(), rows);
+    Buf cache(r.vec((size_t)rows * cap * D)), step(r.vec((size_t)rows * D)), gathered(zeros((size_t)rows * cap * D));
+    cpu::copy_rows(cache.h.data() + 2 * D, (size_t)cap * D, step.h.data(), (size_t)D, nullptr, rows, (size_t)D);
+    gpu::copy_rows(cache.d + 2 * D, (size_t)cap * D, step.d, (size_t)D, nullptr, rows, (size_t)D);
+    rep.same(cache, "copy_rows (append position 2)");
+    gathered.poison();
+    cpu::copy_rows(gathered.h.data(), (size_t)cap * D, cache.h.data(), (size_t)cap * D, parent.data(), rows, (size_t)cap * D);
+    gpu::copy_rows(gathered.d, (size_t)cap * D, cache.d, (size_t)cap * D, dparent, rows, (size_t)cap * D);
+    rep.same(gathered, "copy_rows (reorder by parent)");
+    gpu::release(dparent);
+  }
+
   // the whole model: one training step (loss, every gradient tensor, the parameters after Adam), then
   // ten steps whose losses agree within 1e-4; post-LN and pre-LN, every dropout on
   for (bool pre_ln : {false, true}) {
@@ -353,6 +379,33 @@ int main() {
       ck.close(lg, lc, 1e-4, 1e-4 * kFloor, ("loss over 10 steps" + tag).c_str());
     }
     std::printf("  %-44s max rel err %.3g (tol 1e-04)\n", ("10 training steps, loss" + tag).c_str(), worst_loss);
+
+    // [§6] decoding on the GPU (K/V caches on the device) against the CPU, from identical parameters
+    Transformer<float> dec_cpu(c, 10), dec_gpu(c, 10);
+    transformer_to_device(dec_gpu, Device::cuda);
+    const std::vector<float> fc = decoder_logprobs(dec_cpu, src[3], tgt[0]), fg = decoder_logprobs(dec_gpu, src[3], tgt[0]);
+    double worst = 0;
+    for (size_t i = 0; i < fc.size(); ++i) {
+      if (std::isinf(fc[i]) && fc[i] == fg[i]) continue;  // <pad> and <s>: never predicted
+      worst = std::fmax(worst, std::fabs((double)fg[i] - fc[i]) / std::fmax(std::fabs((double)fc[i]), kFloor));
+      ck.close(fg[i], fc[i], kTol, kTol * kFloor, ("decoder_logprobs" + tag).c_str());
+    }
+    std::printf("  %-44s max rel err %.3g (tol %.0e, floor %.0e)\n", ("decoder_logprobs" + tag).c_str(), worst, kTol, kFloor);
+    DecodeOptions opt;
+    opt.beam = 3, opt.n_best = 2, opt.max_extra = 6;
+    const std::vector<Hypothesis> gc = greedy_decode(dec_cpu, src, 6), gg = greedy_decode(dec_gpu, src, 6);
+    const auto bc = beam_search(dec_cpu, src, opt), bg = beam_search(dec_gpu, src, opt);
+    int differ = 0;
+    for (size_t i = 0; i < src.size(); ++i) {
+      differ += gc[i].tokens != gg[i].tokens;
+      ck.close(gg[i].logprob, gc[i].logprob, 1e-4, 1e-4 * kFloor, ("greedy_decode log-probability" + tag).c_str());
+      for (size_t j = 0; j < bc[i].size(); ++j) {
+        differ += j >= bg[i].size() || bc[i][j].tokens != bg[i][j].tokens;
+        if (j < bg[i].size()) ck.close(bg[i][j].score, bc[i][j].score, 1e-4, 1e-4 * kFloor, ("beam_search score" + tag).c_str());
+      }
+    }
+    std::printf("  %-44s %d outputs differ\n", ("greedy and beam 3 (2-best) tokens" + tag).c_str(), differ);
+    ck.expect(differ == 0, "greedy and beam tokens%s: %d outputs differ between the GPU and the CPU", tag.c_str(), differ);
   }
   return ck.finish();
 }

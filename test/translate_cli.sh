@@ -53,6 +53,10 @@ expect_error "vocabulary of another model" "not the vocabulary" "$translate" "${
 expect_error "--score without --ref" "--score needs --ref" "$translate" --score in.txt
 printf 'a\n' > one.txt
 expect_error "--score with different line counts" "has 6 lines but one.txt has 1" "$translate" --score in.txt --ref one.txt
+if on_cuda_or_error "--device cuda without a GPU" "$translate" "${m[@]}" --device cuda -i in.txt --greedy; then
+  "$translate" "${m[@]}" --device cpu -i in.txt --greedy > cpu.txt
+  check "--device cuda translates as the CPU does" cmp -s out.txt cpu.txt
+fi
 expect_error "--n-best above --beam" "--n-best must be between 1 and --beam" "$translate" "${m[@]}" --n-best 5
 long=$(printf 'nine %.0s' {1..100})
 echo "$long" | "$translate" "${m[@]}" > long.txt 2> long.err
