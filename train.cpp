@@ -39,7 +39,7 @@ struct Options {
   double time_limit = -1;    // seconds; -1: none (Multi30k), 175 (number corpus)
   std::string device;  // "": cuda when a GPU is present, else cpu
   uint64_t seed = 1;
-  bool resume = false, bpe_only = false, quiet = false;
+  bool resume = false, bpe_only = false, quiet = false, tf32 = false;
   double checkpoint_minutes = 10;
   int keep = 5, average = 0;
   long val_every = -1;       // steps; -1: once per epoch
@@ -76,6 +76,7 @@ void usage() {
       "  --epochs N --max-steps N --time-limit SECONDS   stop at the first reached (default: 40 epochs on\n"
       "                         Multi30k; 175 s on numbers)\n"
       "  --device cpu|cuda      (default: cuda when a GPU is present, else cpu)\n"
+      "  --tf32                 GPU matrix products in TF32 tensor-core math (faster; default fp32)\n"
       "  --seed N               initialisation, dropout and batch order (default 1)\n"
       "  --out DIR              run folder: vocab.bpe, ckpt-*.bin, model.bin, log.csv, curves.svg\n"
       "                         (default runs/multi30k-SRC-TGT or runs/numbers)\n"
@@ -149,6 +150,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--val-sentences") o.val_sentences = (int)to_long(a, value(), 0, 10000000);
     else if (a == "--log-every") o.log_every = (int)to_long(a, value(), 1, 1000000);
     else if (a == "--quiet") o.quiet = true;
+    else if (a == "--tf32") o.tf32 = true;
     else fail("unknown option '" + a + "' (see --help)");
   }
   if (!o.device.empty() && o.device != "cpu" && o.device != "cuda") fail("--device must be cpu or cuda, got '" + o.device + "'");
@@ -564,16 +566,18 @@ int main(int argc, char** argv) {
     model = std::make_unique<Transformer<float>>(cfg, o.seed);
   }
   Transformer<float>& m = *model;
+  if (o.tf32 && o.device != "cuda") fail("--tf32 is a GPU option: it needs --device cuda");
   if (o.device == "cuda") {
     try {
       transformer_to_device(m, Device::cuda);
+      set_tf32(o.tf32);
     } catch (const std::runtime_error& e) {
       fail(e.what());
     }
   }
-  std::printf("model: N=%d D=%d F=%d H=%d V=%d, %s, %.2fM parameters, dropout %.2f, label smoothing %.2f, device %s\n", cfg.N,
+  std::printf("model: N=%d D=%d F=%d H=%d V=%d, %s, %.2fM parameters, dropout %.2f, label smoothing %.2f, device %s%s\n", cfg.N,
               cfg.D, cfg.F, cfg.H, cfg.V, cfg.pre_ln ? "pre-LN" : "post-LN", m.params.size() / 1e6, cfg.p_drop, cfg.eps_ls,
-              o.device.c_str());
+              o.device.c_str(), o.tf32 ? " (TF32)" : "");
 
   const std::vector<std::vector<int>> batches = length_batches(train, o.batch_tokens);
   std::printf("batches: %zu per epoch, about %d source and %d target tokens each [§5.1]; run folder %s\n", batches.size(),

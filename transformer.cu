@@ -1645,7 +1645,6 @@ static cublasHandle_t blas() {
   return h;
 }
 
-void set_tf32(bool on) { CUBLAS_CHECK(cublasSetMathMode(blas(), on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH)); }
 
 template <typename T> static T* alloc_of(size_t n) {
   void* p = nullptr;
@@ -2218,6 +2217,7 @@ class GpuModel : public DeviceModel {
     gpu::download(m.adam_m.data(), adam_m, n);
     gpu::download(m.adam_v.data(), adam_v, n);
   }
+  void synchronize() override { gpu::synchronize(); }
   std::vector<Hypothesis> greedy_decode(const std::vector<std::vector<int>>& src, int max_extra) override {
     return greedy_decode_on<GpuOps>(decoding_model(), src, max_extra);
   }
@@ -2280,15 +2280,24 @@ static std::unique_ptr<DeviceModel> make_gpu_model(Transformer<float>& m) {
   if (!gpu_available()) throw std::runtime_error("--device cuda: no GPU is present (use --device cpu)");
   return std::make_unique<GpuModel>(m);
 }
+void set_tf32(bool on) {
+  if (!gpu_available()) throw std::runtime_error("--tf32: no GPU is present");
+  CUBLAS_CHECK(cublasSetMathMode(gpu::blas(), on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH));
+}
 #else
 bool gpu_available() { return false; }  // compiled by g++: no CUDA path in this build
 static std::unique_ptr<DeviceModel> make_gpu_model(Transformer<float>&) {
   throw std::runtime_error("--device cuda: this build has no CUDA path (built with CPU=1 or without nvcc); use --device cpu");
 }
+void set_tf32(bool) { throw std::runtime_error("--tf32: this build has no CUDA path (built with CPU=1 or without nvcc)"); }
 #endif
 
 void transformer_download(Transformer<float>& m) {
   if (m.device) m.device->download();
+}
+
+void synchronize_device(Transformer<float>& m) {
+  if (m.device) m.device->synchronize();
 }
 
 void transformer_to_device(Transformer<float>& m, Device d) {

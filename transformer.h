@@ -193,6 +193,7 @@ struct DeviceModel {
   virtual void zero_grad() = 0;
   virtual void update(double lr) = 0;  // clipping when configured, and Adam at the model's step
   virtual void download() = 0;         // parameters and Adam state into the host buffers
+  virtual void synchronize() = 0;      // waits until the queued work is done
   // [§6] decoding on the device: what greedy_decode, beam_search and decoder_logprobs do
   virtual std::vector<Hypothesis> greedy_decode(const std::vector<std::vector<int>>& src, int max_extra) = 0;
   virtual std::vector<std::vector<Hypothesis>> beam_search(const std::vector<std::vector<int>>& src,
@@ -392,6 +393,9 @@ void copy_rows(T* dst, size_t dst_stride, const T* src, size_t src_stride, const
 // ---- the GPU path (CUDA kernels and cuBLAS) ----------------------------------------------------------------
 // True when this build has the CUDA path and a GPU is present.
 bool gpu_available();
+// The GPU's matrix products in TF32 tensor-core math (a speed option: 10-bit mantissas in the products)
+// or, the default and the reference, pedantic fp32. Throws std::runtime_error without a GPU.
+void set_tf32(bool on);
 enum class Device { cpu, cuda };
 // Moves training to a device: to cuda, one upload of the parameters, gradients and Adam state (throws
 // std::runtime_error when this build has no CUDA path or no GPU is present); to cpu, one download.
@@ -399,6 +403,8 @@ void transformer_to_device(Transformer<float>& m, Device d);
 // Copies the parameters and Adam state from the device into m's host buffers (before a checkpoint or
 // CPU decoding); nothing to do on the CPU.
 void transformer_download(Transformer<float>& m);
+// Waits until the model's device has done the work queued so far (for timing); nothing to do on the CPU.
+void synchronize_device(Transformer<float>& m);
 
 #ifdef TRANSFORMER_CUDA  // set by the Makefile when nvcc compiles transformer.cu
 // The same operations as namespace cpu, with the same names and argument order, in float on device
@@ -417,7 +423,6 @@ void upload(uint8_t* dst, const uint8_t* src, size_t n);
 void download(float* dst, const float* src, size_t n);
 void fill(float* p, float value, size_t n);
 void synchronize();
-void set_tf32(bool on);  // cuBLAS TF32 tensor-core math; off (pedantic fp32) by default
 
 void gemm(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc,
           bool accumulate);

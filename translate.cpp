@@ -6,6 +6,7 @@
 //   ./translate --score hyp.txt --ref ref.txt                 BLEU of a file, no model needed
 //   ./translate -m MODEL --attention att.svg <<< "a sentence" attention heat maps of the first sentence
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -28,8 +29,8 @@ namespace {
 struct Options {
   std::string model, vocab, input, output, ref, score, attention, device;  // device "": cuda when a GPU is present
   DecodeOptions decode;
-  bool greedy = false, lowercase = false;
-  int batch = 32;  // sentences decoded together
+  bool greedy = false, lowercase = false, stats = false;
+  int batch = -1;  // sentences decoded together; -1: 32 on the CPU, 200 on the GPU
 };
 
 void usage(FILE* f) {
@@ -46,12 +47,13 @@ void usage(FILE* f) {
                "  --max-extra N        output length <= source length + N (default %d) [§6]\n"
                "  --greedy             greedy decoding instead of beam search\n"
                "  --n-best K           K hypotheses per sentence: 'LINE ||| translation ||| score ||| log-prob'\n"
-               "  --batch N            sentences decoded together (default 32)\n"
+               "  --batch N            sentences decoded together (default 32 on the CPU, 200 on the GPU)\n"
                "  --device cpu|cuda    where to decode (default: cuda when a GPU is present, else cpu)\n"
                "  --ref FILE           reference translations: print sacreBLEU's BLEU on stderr\n"
                "  --score FILE         score FILE against --ref (no model)\n"
                "  --lowercase          case-insensitive BLEU\n"
                "  --attention FILE     draw the attention weights of the first sentence as an SVG\n"
+               "  --stats              print decoding time, sentences/s and target tokens/s on stderr\n"
                "  -h, --help           this help\n",
                d.beam, d.alpha, d.max_extra);
 }
@@ -96,13 +98,14 @@ Options parse(int argc, char** argv) {
     else if (a == "--score") o.score = value();
     else if (a == "--lowercase") o.lowercase = true;
     else if (a == "--attention") o.attention = value();
+    else if (a == "--stats") o.stats = true;
     else fail("unknown option '" + a + "' (see --help)");
   }
   if (o.decode.beam < 1) fail("--beam must be at least 1");
   if (o.decode.n_best < 1 || o.decode.n_best > o.decode.beam)
     fail("--n-best must be between 1 and --beam (" + std::to_string(o.decode.beam) + ")");
   if (o.greedy && o.decode.n_best > 1) fail("--n-best needs beam search, not --greedy");
-  if (o.batch < 1) fail("--batch must be at least 1");
+  if (o.batch == 0) fail("--batch must be at least 1");
   if (!o.device.empty() && o.device != "cpu" && o.device != "cuda") fail("--device must be cpu or cuda, got '" + o.device + "'");
   if (o.score.empty() && o.model.empty()) fail("no model: give -m CHECKPOINT (or --score HYP --ref REF)");
   if (!o.score.empty() && o.ref.empty()) fail("--score needs --ref REF");
@@ -233,6 +236,7 @@ int main(int argc, char** argv) {
       fail(vocab_path + " has " + std::to_string(tok.vocab_size()) + " tokens but the model has " + std::to_string(m.cfg.V));
     if (o.device.empty()) o.device = gpu_available() ? "cuda" : "cpu";
     if (o.device == "cuda") transformer_to_device(m, Device::cuda);  // decoding and its K/V caches on the GPU
+    if (o.batch < 0) o.batch = o.device == "cuda" ? 200 : 32;
 
     // Encode everything first: a bad line stops the run before any output is written.
     const std::string input_name = o.input.empty() ? "stdin" : o.input;
@@ -264,6 +268,7 @@ int main(int argc, char** argv) {
       if (!src[i].empty()) order.push_back(i);
     std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return src[a].size() < src[b].size(); });
     std::vector<std::vector<Hypothesis>> result(src.size());
+    const auto t0 = std::chrono::steady_clock::now();
     for (size_t at = 0; at < order.size(); at += o.batch) {
       std::vector<std::vector<int>> chunk;
       const size_t end = std::min(order.size(), at + o.batch);
@@ -275,6 +280,15 @@ int main(int argc, char** argv) {
         std::vector<std::vector<Hypothesis>> bs = beam_search(m, chunk, o.decode);
         for (size_t j = at; j < end; ++j) result[order[j]] = bs[j - at];
       }
+    }
+    if (o.stats) {  // the decoding alone: encoder, decoder steps and search; target tokens count </s>
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      long tokens = 0;
+      for (const auto& r : result)
+        if (!r.empty()) tokens += (long)r[0].tokens.size() + r[0].finished;
+      std::fprintf(stderr, "translate: %zu sentences, %ld target tokens in %.2f s on %s (%s): %.1f sentences/s, %.0f tokens/s\n",
+                   order.size(), tokens, seconds, o.device.c_str(), o.greedy ? "greedy" : ("beam " + std::to_string(o.decode.beam)).c_str(),
+                   order.size() / seconds, tokens / seconds);
     }
 
     std::ofstream file;

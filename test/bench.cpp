@@ -1,7 +1,8 @@
 // bench: one training step (forward, backward, Adam) of a model on a fixed batch of random sentence
 // pairs, dropout on, timed after warm-up steps. Run by `make bench` (test/bench.sh), not by CTest.
-//   bench --config base --batch 256 --len 32 [--steps 5] [--warmup 2]
+//   bench --config base --batch 256 --len 32 [--steps 5] [--warmup 2] [--device cpu|cuda] [--tf32]
 // prints: STEP config=base device=cpu B=256 L=32 step_ms=... tgt_tok_per_s=...
+// On the GPU the timed steps end with a device synchronisation, so queued work is counted.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -11,11 +12,22 @@
 #include "../transformer.h"
 
 int main(int argc, char** argv) {
-  std::string config = "base";
+  std::string config = "base", device = "cpu";
   int B = 256, L = 32, steps = 5, warmup = 2;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string a = argv[i], v = argv[i + 1];
+  bool tf32 = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--tf32") {
+      tf32 = true;
+      continue;
+    }
+    if (i + 1 == argc) {
+      std::fprintf(stderr, "bench: %s needs a value\n", a.c_str());
+      return 2;
+    }
+    std::string v = argv[++i];
     if (a == "--config") config = v;
+    else if (a == "--device") device = v;
     else if (a == "--batch") B = std::atoi(v.c_str());
     else if (a == "--len") L = std::atoi(v.c_str());
     else if (a == "--steps") steps = std::atoi(v.c_str());
@@ -25,14 +37,18 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (B < 1 || L < 2 || steps < 1 || warmup < 0) {
-    std::fprintf(stderr, "bench: --batch, --len (>= 2), --steps must be positive\n");
+  if (B < 1 || L < 2 || steps < 1 || warmup < 0 || (device != "cpu" && device != "cuda") || (tf32 && device != "cuda")) {
+    std::fprintf(stderr, "bench: --batch, --len (>= 2), --steps must be positive; --device cpu or cuda; --tf32 needs cuda\n");
     return 2;
   }
   try {
     Config c = config_preset(config);
     c.V = 8000;  // the shared vocabulary of the benchmark shapes
     Transformer<float> m(c, 1);
+    if (device == "cuda") {
+      transformer_to_device(m, Device::cuda);
+      set_tf32(tf32);
+    }
     // a fixed batch: L tokens on each side (L-1 words and </s>), ids drawn from a fixed LCG
     std::vector<std::vector<int>> src(B), tgt(B);
     uint64_t s = 12345;
@@ -47,18 +63,22 @@ int main(int argc, char** argv) {
     std::vector<const std::vector<int>*> ps, pt;
     for (int b = 0; b < B; ++b) ps.push_back(&src[b]), pt.push_back(&tgt[b]);
     Batch batch = make_batch(ps, pt);
-    double loss = 0, seconds = 0;
+    double loss = 0;
+    auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < warmup + steps; ++i) {
-      auto t0 = std::chrono::steady_clock::now();
+      if (i == warmup) {
+        synchronize_device(m);
+        t0 = std::chrono::steady_clock::now();
+      }
       zero_grad(m);
       loss = transformer_forward(m, batch, true);
       transformer_backward(m, batch, true);
       transformer_update(m);
-      if (i >= warmup) seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
-    const double ms = seconds / steps * 1e3;
-    std::printf("STEP config=%s device=cpu B=%d L=%d params=%.1fM step_ms=%.1f tgt_tok_per_s=%.0f loss=%.3f\n",
-                config.c_str(), B, L, m.params.size() / 1e6, ms, batch.target_tokens() / (ms / 1e3), loss);
+    synchronize_device(m);
+    const double ms = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / steps * 1e3;
+    std::printf("STEP config=%s device=%s%s B=%d L=%d params=%.1fM step_ms=%.2f tgt_tok_per_s=%.0f loss=%.3f\n", config.c_str(),
+                device.c_str(), tf32 ? "-tf32" : "", B, L, m.params.size() / 1e6, ms, batch.target_tokens() / (ms / 1e3), loss);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench: %s\n", e.what());
     return 1;

@@ -1,33 +1,97 @@
 #!/usr/bin/env bash
 # `make bench`: one row per figure (a benchmark, not a test: it prints measurements and checks nothing).
-# Training-step rows come from build/test/bench; the Multi30k rows run ./train and ./translate.
-# This build has no GPU path yet, so every row runs on the CPU, with batches reduced to fit it.
+#   1-2. one training step of the base and small models on a fixed batch (build/test/bench), dropout on
+#   3.   Multi30k En->De training, small config, real batches (./train): target tokens/s
+#   4.   translating test_2016_flickr, greedy and beam 4 (./translate --stats)
+# With a GPU (a CUDA build on a machine that has one) the rows run there at full size: 256 x 32 tokens a
+# side, fp32 and TF32, 3 epochs, all 1000 test sentences. Where python3 has torch with CUDA, the PyTorch
+# reference (torch_ref.py: .ref/ on the GPU machine, else ../shared/bench/) runs the same shapes in the
+# same call and each figure is also given as a ratio: PyTorch's time / ours (above 1: we are faster).
+# Without a GPU every row runs on the CPU with smaller batches and fewer steps, and it says so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-echo "bench: CPU rows only ($(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'));" \
-     "the GPU rows and the PyTorch ratios need the CUDA training path"
-printf '%-66s %s\n' "figure" "result"
-row() { printf '%-66s %s\n' "$1" "$2"; }
-step() { ./build/test/bench "$@" | sed -n 's/^STEP .*step_ms=\([0-9.]*\) tgt_tok_per_s=\([0-9]*\).*/\1 ms\/step, \2 target tok\/s/p'; }
-row "1. base model step (fp32, dropout on), 16 x 32 tokens a side" "$(step --config base --batch 16 --len 32 --steps 3 --warmup 1)"
-row "2. small model step (fp32, dropout on), 64 x 32 tokens a side" "$(step --config small --batch 64 --len 32 --steps 3 --warmup 1)"
+bench=./build/test/bench
+row() { printf '%-66s %-40s %s\n' "$1" "$2" "${3:-}" | sed 's/ *$//'; }
+field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p" | tail -n 1; }  # the last value of NAME=value in the input
+ratio() { awk -v t="$1" -v o="$2" 'BEGIN { if (t > 0 && o > 0) printf "%.2fx", t / o; else print "-" }'; }
+
+if "$bench" --device cuda --batch 2 --len 4 --steps 1 --warmup 0 > /dev/null 2>&1; then
+  device=cuda
+  echo "bench: GPU rows on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 || echo 'a GPU'), $(date -u +%F)"
+else
+  device=cpu
+  echo "bench: no GPU (no CUDA path in this build, or no GPU present): CPU rows only, smaller batches;" \
+       "$(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
+fi
+ref="" refdata=""
+for f in .ref/torch_ref.py ../shared/bench/torch_ref.py; do [ -f "$f" ] && { ref=$f; break; }; done
+for d in .ref/multi30k "${MULTI30K_DIR:-}" ../shared/data/multi30k; do [ -n "$d" ] && [ -f "$d/train.en.gz" ] && { refdata=$d; break; }; done
+torch=0
+if [ $device = cuda ] && [ -n "$ref" ] && [ -n "$refdata" ] &&
+   python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2> /dev/null; then
+  torch=1
+  echo "PyTorch reference: $ref on $refdata (torch $(python3 -c 'import torch; print(torch.__version__)'))"
+else
+  echo "PyTorch reference: not run (it needs a GPU, python3 with torch, torch_ref.py and Multi30k's .gz files)"
+fi
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+row "figure" "ours" "$([ $torch = 1 ] && echo 'PyTorch / ours')"
+
+# 1-2. training steps
+small_args=(--d 256 --ff 1024 --layers 3 --dropout 0.2)
+for config in base small; do
+  if [ $device = cuda ]; then
+    modes=(fp32 tf32) batch=256 steps=(--steps 20 --warmup 5)
+  else
+    modes=(fp32) batch=$([ $config = base ] && echo 16 || echo 64) steps=(--steps 3 --warmup 1)
+  fi
+  shape=()  # the reference's flags for this model (its defaults are the base model's)
+  if [ $config = small ]; then shape=("${small_args[@]}"); fi
+  for mode in "${modes[@]}"; do
+    tf32=()
+    if [ $mode = tf32 ]; then tf32=(--tf32); fi
+    out=$("$bench" --config $config --batch $batch --len 32 --device $device "${steps[@]}" "${tf32[@]}")
+    ms=$(echo "$out" | field step_ms) tps=$(echo "$out" | field tgt_tok_per_s)
+    vs=""
+    if [ $torch = 1 ]; then
+      tout=$(python3 "$ref" --data "$refdata" --out "$work" --microbench --precision $mode --batch_tokens 8192 "${shape[@]}" 2>&1 |
+             grep '^MICRO' || true)
+      vs=$(ratio "$(echo "$tout" | field step_ms)" "$ms")
+    fi
+    n=$([ $config = base ] && echo 1 || echo 2)
+    row "$n. $config model step, $mode, dropout on, $batch x 32 tokens a side" "$ms ms/step, $tps target tok/s" "$vs"
+  done
+done
+
 if [ ! -s data/multi30k/train.en ]; then
   row "3-4. Multi30k rows" "skipped: run \`make data\` first"
   exit 0
 fi
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
-./train --data data/multi30k --config small --max-steps 6 --val-sentences 0 --quiet --out "$work/run" > "$work/train.log" 2>&1
-# tokens/s over steps 2..6 (the first step carves the activation arena)
+
+# 3. Multi30k training throughput on real batches (mean of log.csv's tokens/s after the first rows)
+if [ $device = cuda ]; then train_len=(--epochs 3) what="3 epochs"; else train_len=(--max-steps 6) what="6 steps"; fi
+./train --data data/multi30k --config small --device $device "${train_len[@]}" --val-sentences 0 --quiet \
+        --out "$work/run" > "$work/train.log" 2>&1
 tps=$(awk -F, 'NR > 2 && $5 != "" { s += $5; n++ } END { if (n) printf "%.0f", s / n }' "$work/run/log.csv")
-row "3. Multi30k en-de, small config, real 4096-token batches (6 steps)" "$tps target tok/s"
-head -n 100 data/multi30k/test_2016_flickr.en > "$work/in.txt"
+vs="" torch_decode=""
+if [ $torch = 1 ]; then
+  python3 "$ref" --data "$refdata" --out "$work" "${small_args[@]}" --lr_factor 2 --batch_tokens 4096 --epochs 3 \
+          --precision fp32 > "$work/torch_train.log" 2>&1 || true
+  ttps=$(awk '/^epoch/ { for (i = 1; i < NF; i++) if ($i == "tgt_tok_per_s" && $2 > 1) { s += $(i + 1); n++ } } END { if (n) printf "%.0f", s / n }' "$work/torch_train.log")
+  vs=$(ratio "$tps" "${ttps:-0}")  # a throughput: ours / PyTorch's is the same ratio as its time / ours
+  torch_decode=$(sed -n 's/^RESULT .*decode_s \([0-9.]*\).*/\1/p' "$work/torch_train.log" | head -n 1)
+fi
+row "3. Multi30k en-de, small config, real 4096-token batches, $what" "$tps target tok/s" "$vs"
+
+# 4. translating test_2016_flickr with the model of row 3
+if [ $device = cuda ]; then sentences=1000; else sentences=100; fi
+head -n $sentences data/multi30k/test_2016_flickr.en > "$work/in.txt"
 for mode in "--greedy" "--beam 4"; do
-  t0=$(date +%s.%N)
-  ./translate -m "$work/run/model.bin" $mode -i "$work/in.txt" -o "$work/out.txt"
-  t1=$(date +%s.%N)
-  toks=$(wc -w < "$work/out.txt")
-  row "4. translate 100 test_2016_flickr sentences, ${mode#--}, 6-step model" \
-      "$(awk -v a="$t0" -v b="$t1" -v w="$toks" 'BEGIN { printf "%.2f s, %.1f sentences/s, %.0f words/s", b - a, 100 / (b - a), w / (b - a) }')"
+  ./translate -m "$work/run/model.bin" --device $device $mode --stats -i "$work/in.txt" -o "$work/out.txt" 2> "$work/stats.txt"
+  s=$(sed -n 's/.* in \([0-9.]*\) s on .*/\1/p' "$work/stats.txt") tps=$(sed -n 's/.*, \([0-9]*\) tokens\/s$/\1/p' "$work/stats.txt")
+  vs=""
+  if [ $torch = 1 ]; then vs=$([ "$mode" = --greedy ] && ratio "${torch_decode:-0}" "$s" || echo "- (the reference has no beam search)"); fi
+  row "4. translate $sentences test_2016_flickr sentences, ${mode#--}" "$s s, $tps target tok/s" "$vs"
 done
-echo "(row 4: a model trained 6 steps emits long outputs, up to source length + 50 tokens: a worst case for decoding time)"
+echo "(row 4 decodes with the model of row 3, $what of training; PyTorch's greedy decoding has no K/V cache)"

@@ -79,7 +79,7 @@ int main() {
     std::printf("parity_gpu: no GPU present: skipped\n");
     return 77;
   }
-  gpu::set_tf32(false);
+  set_tf32(false);
   Checker ck("parity_gpu");
   Report rep{ck};
   Rand r{2024};

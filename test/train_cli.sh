@@ -76,6 +76,7 @@ cp short/vocab.bpe resumed/vocab.bpe.other
 cp othervocab/vocab.bpe resumed/vocab.bpe
 expect_error "resume with another vocabulary" "another vocabulary" "$train" "${common[@]}" --max-steps 41 --out resumed --resume
 expect_error "unknown option" "unknown option '--bogus'" "$train" --bogus
+expect_error "--tf32 on the CPU" "--tf32 is a GPU option" "$train" "${common[@]}" --max-steps 1 --out tf32run --device cpu --tf32
 expect_error "bad number" "--max-steps needs an integer" "$train" --max-steps -5
 if on_cuda_or_error "--device cuda without a GPU" "$train" "${common[@]}" --max-steps 1 --out gpurun --device cuda; then
   check "--device cuda trains a step and checkpoints it" test -s gpurun/model.bin
