@@ -176,35 +176,57 @@ namespace cpu {
 
 // ---- matrix products -----------------------------------------------------------------------------
 
+// Blocked as BLAS libraries do, so that each element loaded is used many times: a (KC x NC) block of
+// op(B) is packed into NR-wide column panels, an MR-row panel of op(A) beside it, and each MR x NR tile of
+// C accumulates in registers over the block's KC terms. The threads share the packing of B and split the
+// tiles. Every element of C sums its K terms in the same order whatever the number of threads.
 template <typename T>
 void gemm(bool ta, bool tb, int M, int N, int K, const T* A, int lda, const T* B, int ldb, T* C, int ldc,
           bool accumulate) {
-  // Rows of C are independent: each thread owns a block of them.
-#pragma omp parallel for schedule(static) if ((long)M * N * K > 100000)
-  for (int i = 0; i < M; ++i) {
-    T* c = C + (size_t)i * ldc;
-    if (!accumulate)
-      for (int j = 0; j < N; ++j) c[j] = 0;
-    if (!tb) {  // c += sum_k A(i,k) B[k, :]: a row of B at a time, vectorised over j
-      for (int k = 0; k < K; ++k) {
-        const T a = ta ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k];
-        if (a == 0) continue;
-        const T* b = B + (size_t)k * ldb;
-#pragma omp simd
-        for (int j = 0; j < N; ++j) c[j] += a * b[j];
-      }
-    } else {  // c[j] += <A(i,:), B[j,:]>
-      for (int j = 0; j < N; ++j) {
-        const T* b = B + (size_t)j * ldb;
-        T s = 0;
-        if (!ta) {
-          const T* a = A + (size_t)i * lda;
-#pragma omp simd reduction(+ : s)
-          for (int k = 0; k < K; ++k) s += a[k] * b[k];
-        } else {
-          for (int k = 0; k < K; ++k) s += A[(size_t)k * lda + i] * b[k];
+  constexpr int MR = 6, NR = 16, KC = 256, NC = 1024;
+  if (!accumulate)
+    for (int i = 0; i < M; ++i) std::fill(C + (size_t)i * ldc, C + (size_t)i * ldc + N, T(0));
+  if (M == 0 || N == 0 || K == 0) return;
+  auto a_at = [&](int i, int k) { return ta ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k]; };  // op(A)(i, k)
+  auto b_at = [&](int k, int j) { return tb ? B[(size_t)j * ldb + k] : B[(size_t)k * ldb + j]; };  // op(B)(k, j)
+  std::vector<T> bpack((size_t)std::min(KC, K) * ((std::min(NC, N) + NR - 1) / NR * NR));
+#pragma omp parallel if ((long)M * N * K > 100000)
+  {
+    T apack[KC * MR];
+    for (int k0 = 0; k0 < K; k0 += KC) {
+      const int kc = std::min(KC, K - k0);
+      for (int j0 = 0; j0 < N; j0 += NC) {
+        const int nc = std::min(NC, N - j0), panels = (nc + NR - 1) / NR;
+        // panel p holds op(B)(k0 + k, j0 + p NR + c) at [(p kc + k) NR + c], zero past column N
+#pragma omp for schedule(static)
+        for (int p = 0; p < panels; ++p) {
+          T* dst = bpack.data() + (size_t)p * kc * NR;
+          const int jb = j0 + p * NR, w = std::min(NR, N - jb);
+          for (int k = 0; k < kc; ++k)
+            for (int c = 0; c < NR; ++c) dst[k * NR + c] = c < w ? b_at(k0 + k, jb + c) : T(0);
         }
-        c[j] += s;
+        // the tiles, row panel by row panel: a thread's tiles are consecutive, so it packs each row panel
+        // of op(A) it needs once, as apack[k MR + r] = op(A)(i0 + r, k0 + k)
+        const int row_panels = (M + MR - 1) / MR;
+        int packed = -1;
+#pragma omp for schedule(static)
+        for (int tile = 0; tile < row_panels * panels; ++tile) {
+          const int ip = tile / panels, p = tile % panels, i0 = ip * MR, h = std::min(MR, M - i0);
+          if (ip != packed) {
+            for (int k = 0; k < kc; ++k)
+              for (int r = 0; r < MR; ++r) apack[k * MR + r] = r < h ? a_at(i0 + r, k0 + k) : T(0);
+            packed = ip;
+          }
+          const T* bp = bpack.data() + (size_t)p * kc * NR;
+          T acc[MR][NR] = {};
+          for (int k = 0; k < kc; ++k)
+            for (int r = 0; r < MR; ++r)
+#pragma omp simd
+              for (int c = 0; c < NR; ++c) acc[r][c] += apack[k * MR + r] * bp[k * NR + c];
+          const int jb = j0 + p * NR, w = std::min(NR, N - jb);
+          for (int r = 0; r < h; ++r)
+            for (int c = 0; c < w; ++c) C[(size_t)(i0 + r) * ldc + jb + c] += acc[r][c];
+        }
       }
     }
   }
