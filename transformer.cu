@@ -1690,7 +1690,10 @@ void upload(uint8_t* dst, const uint8_t* src, size_t n) { CUDA_CHECK(cudaMemcpy(
 void download(float* dst, const float* src, size_t n) { CUDA_CHECK(cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyDeviceToHost)); }
 void synchronize() { CUDA_CHECK(cudaDeviceSynchronize()); }
 
-static unsigned blocks_for(size_t n, unsigned threads = 256) { return (unsigned)std::min<size_t>((n + threads - 1) / threads, 65535u * 16); }
+// Blocks for a grid-stride loop over n elements: at least one (a grid of zero blocks fails to launch).
+static unsigned blocks_for(size_t n, unsigned threads = 256) {
+  return (unsigned)std::clamp<size_t>((n + threads - 1) / threads, 1, 65535u * 16);
+}
 #define GRID_STRIDE(i, n) for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
 static void check_launch() { CUDA_CHECK(cudaGetLastError()); }
 
@@ -1842,6 +1845,7 @@ __global__ void attention_forward_kernel(float* ctx, float* p, const float* q, c
   }
 }
 
+constexpr int kMaxKeysBackward = 8192;  // the longest key row whose dL/dp fits in shared memory (32 KB)
 // Backward of one row; dk and dv gather from every query row, so they are added atomically. dsh holds
 // the row's dL/dp (Lk floats of dynamic shared memory).
 __global__ void attention_backward_kernel(float* dq, float* dk, float* dv, const float* dctx, const float* p, const float* q,
@@ -1899,7 +1903,8 @@ void attention_forward(float* ctx, float* p, const float* q, const float* k, con
 void attention_backward(float* dq, float* dk, float* dv, const float* dctx, const float* p, const float* q, const float* k,
                         const float* v, DropoutKey drop, int B, int Lq, int Lk, int D, int H) {
   if ((size_t)B * H * Lq == 0) return;
-  if (Lk > 8192) throw std::invalid_argument("gpu::attention_backward: key length " + std::to_string(Lk) + " > 8192");
+  if (Lk > kMaxKeysBackward)
+    throw std::invalid_argument("gpu::attention_backward: key length " + std::to_string(Lk) + " > " + std::to_string(kMaxKeysBackward));
   attention_backward_kernel<<<B * H * Lq, kRowThreads, Lk * sizeof(float)>>>(dq, dk, dv, dctx, p, q, k, v, drop, H, Lq, Lk, D);
   check_launch();
 }
@@ -2300,6 +2305,9 @@ class GpuModel : public DeviceModel {
 
 static std::unique_ptr<DeviceModel> make_gpu_model(Transformer<float>& m) {
   if (!gpu_available()) throw std::runtime_error("--device cuda: no GPU is present (use --device cpu)");
+  if (m.cfg.max_len > gpu::kMaxKeysBackward)  // the attention backward keeps a row's dL/dp in shared memory
+    throw std::runtime_error("--device cuda: max_len " + std::to_string(m.cfg.max_len) + " is above the GPU's " +
+                             std::to_string(gpu::kMaxKeysBackward) + " (use a smaller --max-len or --device cpu)");
   return std::make_unique<GpuModel>(m);
 }
 void set_tf32(bool on) {
