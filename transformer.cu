@@ -1131,7 +1131,7 @@ template <typename Ops, typename T> struct DecoderCache {
   std::vector<Buffer<T>> cross_k, cross_v;   // per layer (sources, S, D): computed once
   std::vector<Buffer<T>> self_k, self_v;     // per layer (max_rows, capacity, D): one position more a step
   Buffer<T> reordered;                       // (max_rows, capacity, D): where reorder_rows gathers
-  std::vector<uint8_t> host_self_valid;      // (R, capacity): positions 0..t are visible
+  std::vector<uint8_t> host_self_valid;      // (max_rows, capacity): positions 0..t are visible
   Buffer<uint8_t> self_valid;                // its copy on the device
   Buffer<int> ids;                           // (max_rows) this step's tokens, or reorder_rows' parents
   // scratch for one step
@@ -1164,7 +1164,7 @@ static DecoderCache<Ops, T> start_decoding(const DecodingModel<T>& dm, const std
   k.S = S, k.capacity = capacity, k.max_rows = max_rows;
   std::vector<uint8_t> src_valid(batch.src.size());
   for (size_t i = 0; i < src_valid.size(); ++i) src_valid[i] = batch.src[i] != kPadId;
-  k.src_valid = typename Ops::template Buffer<uint8_t>(src_valid.size());
+  k.src_valid = decltype(k.src_valid)(src_valid.size());
   Ops::upload(k.src_valid.data(), src_valid.data(), src_valid.size());
   const size_t n = (size_t)B * S * D, cache = (size_t)max_rows * capacity * D, RD = (size_t)max_rows * D;
   for (int l = 0; l < c.N; ++l) {  // [§3.2.3] keys and values come from the encoder output
