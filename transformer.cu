@@ -1739,12 +1739,18 @@ void gemm(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const 
 }
 
 __global__ void add_bias_kernel(float* out, const float* b, size_t M, int O) { GRID_STRIDE(i, M * O) out[i] += b[i % O]; }
-__global__ void column_sum_kernel(float* db, const float* dout, int M, int O) {  // db[o] += sum_rows dout[:, o]
-  for (int o = blockIdx.x * blockDim.x + threadIdx.x; o < O; o += gridDim.x * blockDim.x) {
-    float s = 0;
-    for (int i = 0; i < M; ++i) s += dout[(size_t)i * O + o];
-    db[o] += s;
+// A device vector of at least n ones, grown when a longer one is needed (cudaFree waits for the work
+// that still reads the old one): a sum over rows is the product ones^T @ X, which cuBLAS spreads over
+// the whole GPU.
+static const float* ones(size_t n) {
+  static float* p = nullptr;
+  static size_t size = 0;
+  if (n > size) {
+    if (p) release(p);
+    p = alloc(n), size = n;
+    fill(p, 1.f, n);
   }
+  return p;
 }
 
 void linear_forward(float* out, const float* in, const float* w, const float* b, int M, int I, int O) {
@@ -1756,7 +1762,7 @@ void linear_backward(float* din, float* dw, float* db, const float* dout, const 
   // forward was: out = in @ w + b; so now: din += dout @ w^T, dw += in^T @ dout, db += sum_rows dout
   if (din) gemm(false, true, M, I, O, dout, O, w, O, din, I, true);
   if (dw) gemm(true, false, I, O, M, in, I, dout, O, dw, O, true);
-  if (db) column_sum_kernel<<<blocks_for(O), 256>>>(db, dout, M, O), check_launch();
+  if (db) gemm(false, false, 1, O, M, ones(M), M, dout, O, db, O, true);  // db += ones^T @ dout
 }
 
 // ---- §5.4 dropout: the same hash as the CPU (dropout_keeps) -----------------------------------------
@@ -1981,8 +1987,9 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
   if (threadIdx.x == 0) mean[blockIdx.x] = mu, rstd[blockIdx.x] = rs;
 }
 
-__global__ void layernorm_backward_kernel(float* din, float* dg, float* db, const float* dout, const float* in, const float* g,
-                                          const float* mean, const float* rstd, int D) {
+// din of one row (one block per row); the parameters' gradients are layernorm_param_grads_kernel's.
+__global__ void layernorm_backward_kernel(float* din, const float* dout, const float* in, const float* g, const float* mean,
+                                          const float* rstd, int D) {
   __shared__ float red[kRowThreads];
   const size_t r = blockIdx.x;
   const float* x = in + r * D;
@@ -1992,8 +1999,6 @@ __global__ void layernorm_backward_kernel(float* din, float* dg, float* db, cons
     const float xhat = (x[d] - mean[r]) * rstd[r];
     m1 += dy[d] * g[d];
     m2 += dy[d] * g[d] * xhat;
-    atomicAdd(&dg[d], dy[d] * xhat);  // dg += sum_rows dy xhat, db += sum_rows dy
-    atomicAdd(&db[d], dy[d]);
   }
   m1 = block_sum(m1, red) / D;
   m2 = block_sum(m2, red) / D;
@@ -2001,6 +2006,23 @@ __global__ void layernorm_backward_kernel(float* din, float* dg, float* db, cons
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     const float xhat = (x[d] - mean[r]) * rstd[r];
     dx[d] += rstd[r] * (dy[d] * g[d] - m1 - xhat * m2);
+  }
+}
+
+// dg += sum_rows dy xhat, db += sum_rows dy: a block sums kLnRows rows per column, then adds once.
+constexpr int kLnRows = 32;
+__global__ void layernorm_param_grads_kernel(float* dg, float* db, const float* dout, const float* in, const float* mean,
+                                             const float* rstd, int M, int D) {
+  const int r0 = blockIdx.x * kLnRows, r1 = min(M, r0 + kLnRows);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float sg = 0, sb = 0;
+    for (int r = r0; r < r1; ++r) {
+      const float dy = dout[(size_t)r * D + d];
+      sg += dy * (in[(size_t)r * D + d] - mean[r]) * rstd[r];
+      sb += dy;
+    }
+    atomicAdd(&dg[d], sg);
+    atomicAdd(&db[d], sb);
   }
 }
 
@@ -2013,7 +2035,9 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* in, co
 void layernorm_backward(float* din, float* dg, float* db, const float* dout, const float* in, const float* g,
                         const float* mean, const float* rstd, int M, int D) {
   if (M == 0) return;
-  layernorm_backward_kernel<<<M, kRowThreads>>>(din, dg, db, dout, in, g, mean, rstd, D);
+  layernorm_backward_kernel<<<M, kRowThreads>>>(din, dout, in, g, mean, rstd, D);
+  check_launch();
+  layernorm_param_grads_kernel<<<(M + kLnRows - 1) / kLnRows, kRowThreads>>>(dg, db, dout, in, mean, rstd, M, D);
   check_launch();
 }
 

@@ -230,24 +230,27 @@ int main() {
       rep.same(*b, std::string("ffn_backward ") + name);
   }
 
-  // LayerNorm and the residual
-  {
-    Buf in(r.vec((size_t)M * D, -3, 5)), g(r.vec(D, 0.5, 1.5)), b(r.vec(D)), out(zeros((size_t)M * D));
-    Buf mean(zeros(M)), rstd(zeros(M)), dout(r.vec((size_t)M * D)), din(r.vec((size_t)M * D)), dg(r.vec(D)),
+  // LayerNorm (the parameters' gradients sum 32 rows per block: 21 rows, and 67 in three blocks), the residual
+  for (int rows : {M, 67}) {
+    const std::string tag = " (" + std::to_string(rows) + " rows)";
+    Buf in(r.vec((size_t)rows * D, -3, 5)), g(r.vec(D, 0.5, 1.5)), b(r.vec(D)), out(zeros((size_t)rows * D));
+    Buf mean(zeros(rows)), rstd(zeros(rows)), dout(r.vec((size_t)rows * D)), din(r.vec((size_t)rows * D)), dg(r.vec(D)),
         db(r.vec(D));
     out.poison(), mean.poison(), rstd.poison();
-    cpu::layernorm_forward(out.h.data(), mean.h.data(), rstd.h.data(), in.h.data(), g.h.data(), b.h.data(), M, D, 1e-6);
-    gpu::layernorm_forward(out.d, mean.d, rstd.d, in.d, g.d, b.d, M, D, 1e-6);
-    rep.same(out, "layernorm_forward");
-    rep.same(mean, "layernorm_forward mean");
-    rep.same(rstd, "layernorm_forward rstd");
-    cpu::layernorm_backward(din.h.data(), dg.h.data(), db.h.data(), dout.h.data(), in.h.data(), g.h.data(), mean.h.data(), rstd.h.data(), M, D);
-    gpu::layernorm_backward(din.d, dg.d, db.d, dout.d, in.d, g.d, mean.d, rstd.d, M, D);
-    rep.same(din, "layernorm_backward din");
-    rep.same(dg, "layernorm_backward dg");
-    rep.same(db, "layernorm_backward db");
+    cpu::layernorm_forward(out.h.data(), mean.h.data(), rstd.h.data(), in.h.data(), g.h.data(), b.h.data(), rows, D, 1e-6);
+    gpu::layernorm_forward(out.d, mean.d, rstd.d, in.d, g.d, b.d, rows, D, 1e-6);
+    rep.same(out, "layernorm_forward" + tag);
+    rep.same(mean, "layernorm_forward mean" + tag);
+    rep.same(rstd, "layernorm_forward rstd" + tag);
+    cpu::layernorm_backward(din.h.data(), dg.h.data(), db.h.data(), dout.h.data(), in.h.data(), g.h.data(), mean.h.data(), rstd.h.data(), rows, D);
+    gpu::layernorm_backward(din.d, dg.d, db.d, dout.d, in.d, g.d, mean.d, rstd.d, rows, D);
+    rep.same(din, "layernorm_backward din" + tag);
+    rep.same(dg, "layernorm_backward dg" + tag);
+    rep.same(db, "layernorm_backward db" + tag);
+  }
+  {
     const size_t n = (size_t)M * D;
-    Buf x(r.vec(n)), y(r.vec(n)), sum(zeros(n)), dx(r.vec(n)), dy(r.vec(n));
+    Buf x(r.vec(n)), y(r.vec(n)), sum(zeros(n)), dout(r.vec(n)), dx(r.vec(n)), dy(r.vec(n));
     sum.poison();
     cpu::residual_forward(sum.h.data(), x.h.data(), y.h.data(), n);
     gpu::residual_forward(sum.d, x.d, y.d, n);
