@@ -1728,6 +1728,9 @@ __device__ float block_max(float x, float* shared) {
   return r;
 }
 constexpr int kRowThreads = 256;  // threads of the one-block-per-row kernels (block_sum assumes a power of 2)
+// An attention row's work is Lk scores and Dk outputs, 32-64 of each at Multi30k's lengths with D/H = 64:
+// its block has 64 threads (a power of 2 that divides kRowThreads), so that fewer of them sit idle.
+constexpr int kAttentionThreads = 64;
 
 // ---- matrix products: cuBLAS is column-major, so C^T = op(B)^T op(A)^T is computed ------------------
 void gemm(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc,
@@ -1902,7 +1905,7 @@ __global__ void attention_backward_kernel(float* dq, float* dk, float* dv, const
 void attention_forward(float* ctx, float* p, const float* q, const float* k, const float* v, const uint8_t* key_valid,
                        bool causal, DropoutKey drop, int B, int Lq, int Lk, int D, int H) {
   if ((size_t)B * H * Lq == 0) return;
-  attention_forward_kernel<<<B * H * Lq, kRowThreads>>>(ctx, p, q, k, v, key_valid, causal, drop, H, Lq, Lk, D);
+  attention_forward_kernel<<<B * H * Lq, kAttentionThreads>>>(ctx, p, q, k, v, key_valid, causal, drop, H, Lq, Lk, D);
   check_launch();
 }
 
@@ -1911,7 +1914,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dctx, cons
   if ((size_t)B * H * Lq == 0) return;
   if (Lk > kMaxKeysBackward)
     throw std::invalid_argument("gpu::attention_backward: key length " + std::to_string(Lk) + " > " + std::to_string(kMaxKeysBackward));
-  attention_backward_kernel<<<B * H * Lq, kRowThreads, Lk * sizeof(float)>>>(dq, dk, dv, dctx, p, q, k, v, drop, H, Lq, Lk, D);
+  attention_backward_kernel<<<B * H * Lq, kAttentionThreads, Lk * sizeof(float)>>>(dq, dk, dv, dctx, p, q, k, v, drop, H, Lq, Lk, D);
   check_launch();
 }
 
