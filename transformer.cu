@@ -232,6 +232,9 @@ void gemm(bool ta, bool tb, int M, int N, int K, const T* A, int lda, const T* B
   }
 }
 
+// Sums over the rows of a row-major matrix (bias and LayerNorm gradients) go this many columns at a time.
+constexpr int kColumns = 64;
+
 template <typename T>
 void linear_forward(T* out, const T* in, const T* w, const T* b, int M, int I, int O) {
   gemm(false, false, M, O, I, in, I, w, O, out, O, false);  // out = in @ w
@@ -247,12 +250,14 @@ void linear_backward(T* din, T* dw, T* db, const T* dout, const T* in, const T* 
   // forward was: out = in @ w + b; so now: din += dout @ w^T, dw += in^T @ dout, db += sum_rows dout
   if (din) gemm(false, true, M, I, O, dout, O, w, O, din, I, true);
   if (dw) gemm(true, false, I, O, M, in, I, dout, O, dw, O, true);
-  if (db) {
+  if (db) {  // kColumns columns at a time, row by row: contiguous reads, each column summed in row order
 #pragma omp parallel for if ((long)M * O > 100000)
-    for (int o = 0; o < O; ++o) {
-      T s = 0;
-      for (int i = 0; i < M; ++i) s += dout[(size_t)i * O + o];
-      db[o] += s;
+    for (int o0 = 0; o0 < O; o0 += kColumns) {
+      const int w = std::min(kColumns, O - o0);
+      T s[kColumns] = {};
+      for (int i = 0; i < M; ++i)
+        for (int c = 0; c < w; ++c) s[c] += dout[(size_t)i * O + o0 + c];
+      for (int c = 0; c < w; ++c) db[o0 + c] += s[c];
     }
   }
 }
@@ -481,15 +486,16 @@ void layernorm_backward(T* din, T* dg, T* db, const T* dout, const T* in, const 
     }
   }
 #pragma omp parallel for if ((long)M * D > 100000)
-  for (int d = 0; d < D; ++d) {
-    T sg = 0, sb = 0;
-    for (int i = 0; i < M; ++i) {
-      T dy = dout[(size_t)i * D + d];
-      sg += dy * (in[(size_t)i * D + d] - mean[i]) * rstd[i];
-      sb += dy;
-    }
-    dg[d] += sg;
-    db[d] += sb;
+  for (int d0 = 0; d0 < D; d0 += kColumns) {  // as the bias gradient in linear_backward
+    const int w = std::min(kColumns, D - d0);
+    T sg[kColumns] = {}, sb[kColumns] = {};
+    for (int i = 0; i < M; ++i)
+      for (int c = 0; c < w; ++c) {
+        T dy = dout[(size_t)i * D + d0 + c];
+        sg[c] += dy * (in[(size_t)i * D + d0 + c] - mean[i]) * rstd[i];
+        sb[c] += dy;
+      }
+    for (int c = 0; c < w; ++c) dg[d0 + c] += sg[c], db[d0 + c] += sb[c];
   }
 }
 
