@@ -2257,9 +2257,11 @@ class GpuModel : public DeviceModel {
     gpu::upload(adam_v, m.adam_v.data(), n);
     parameter_layout<float>(m.cfg, params, &W, nullptr);
     parameter_layout<float>(m.cfg, grads, &G, nullptr);
+    CUDA_CHECK(cudaEventCreateWithFlags(&uploaded, cudaEventDisableTiming));
   }
   ~GpuModel() override {  // no throwing from here: errors are ignored
     for (void* p : {(void*)params, (void*)grads, (void*)adam_m, (void*)adam_v, (void*)arena, (void*)ids, (void*)valid}) cudaFree(p);
+    cudaFreeHost(staged_ids), cudaFreeHost(staged_valid), cudaEventDestroy(uploaded);
   }
   double forward(const Batch& b, bool train) override {
     prepare(b);
@@ -2300,16 +2302,28 @@ class GpuModel : public DeviceModel {
       return arena;
     });
     const size_t ns = b.src.size(), nt = b.tgt_in.size();
+    CUDA_CHECK(cudaEventSynchronize(uploaded));  // the last batch's copies have read the staging buffers
     if (ns + 2 * nt > ids_size) {
-      if (ids) gpu::release(ids), gpu::release(valid);
+      if (ids) {
+        gpu::release(ids), gpu::release(valid);
+        CUDA_CHECK(cudaFreeHost(staged_ids));
+        CUDA_CHECK(cudaFreeHost(staged_valid));
+      }
       ids_size = ns + 2 * nt;
       ids = gpu::alloc_ints(ids_size), valid = gpu::alloc_bytes(ids_size);
+      CUDA_CHECK(cudaMallocHost(&staged_ids, ids_size * sizeof(int)));
+      CUDA_CHECK(cudaMallocHost(&staged_valid, ids_size));
     }
-    gpu::upload(ids, b.src.data(), ns);
-    gpu::upload(ids + ns, b.tgt_in.data(), nt);
-    gpu::upload(ids + ns + nt, b.tgt_out.data(), nt);
-    gpu::upload(valid, acts.src_valid.data(), ns);
-    gpu::upload(valid + ns, acts.tgt_valid.data(), nt);
+    // The batch goes through pinned memory, so its copies are asynchronous: queued behind the previous
+    // step's backward and Adam, while the host goes on to queue this step's forward.
+    std::copy(b.src.begin(), b.src.end(), staged_ids);
+    std::copy(b.tgt_in.begin(), b.tgt_in.end(), staged_ids + ns);
+    std::copy(b.tgt_out.begin(), b.tgt_out.end(), staged_ids + ns + nt);
+    std::copy(acts.src_valid.begin(), acts.src_valid.end(), staged_valid);
+    std::copy(acts.tgt_valid.begin(), acts.tgt_valid.end(), staged_valid + ns);
+    CUDA_CHECK(cudaMemcpyAsync(ids, staged_ids, (ns + 2 * nt) * sizeof(int), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpyAsync(valid, staged_valid, ns + nt, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaEventRecord(uploaded));
     B = b.B, S = b.S, Tl = b.T;
   }
   // The model on the GPU, as decoding sees it: the encoder runs here over the sources.
@@ -2333,6 +2347,9 @@ class GpuModel : public DeviceModel {
   size_t arena_size = 0, ids_size = 0;
   int* ids = nullptr;         // src, tgt_in, tgt_out of the batch
   uint8_t* valid = nullptr;   // src_valid, tgt_valid
+  int* staged_ids = nullptr;          // their pinned host copies, from which they are uploaded
+  uint8_t* staged_valid = nullptr;
+  cudaEvent_t uploaded = nullptr;     // recorded after the uploads
   int B = 0, S = 0, Tl = 0;   // the shape of the last forward
 };
 
