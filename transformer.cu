@@ -1771,7 +1771,7 @@ void linear_backward(float* din, float* dw, float* db, const float* dout, const 
   // forward was: out = in @ w + b; so now: din += dout @ w^T, dw += in^T @ dout, db += sum_rows dout
   if (din) gemm(false, true, M, I, O, dout, O, w, O, din, I, true);
   if (dw) gemm(true, false, I, O, M, in, I, dout, O, dw, O, true);
-  if (db) gemm(false, false, 1, O, M, ones(M), M, dout, O, db, O, true);  // db += ones^T @ dout
+  if (db && M > 0) gemm(false, false, 1, O, M, ones(M), M, dout, O, db, O, true);  // db += ones^T @ dout
 }
 
 // ---- §5.4 dropout: the same hash as the CPU (dropout_keeps) -----------------------------------------
@@ -2304,15 +2304,15 @@ class GpuModel : public DeviceModel {
     const size_t ns = b.src.size(), nt = b.tgt_in.size();
     CUDA_CHECK(cudaEventSynchronize(uploaded));  // the last batch's copies have read the staging buffers
     if (ns + 2 * nt > ids_size) {
-      if (ids) {
-        gpu::release(ids), gpu::release(valid);
-        CUDA_CHECK(cudaFreeHost(staged_ids));
-        CUDA_CHECK(cudaFreeHost(staged_valid));
-      }
-      ids_size = ns + 2 * nt;
-      ids = gpu::alloc_ints(ids_size), valid = gpu::alloc_bytes(ids_size);
-      CUDA_CHECK(cudaMallocHost(&staged_ids, ids_size * sizeof(int)));
-      CUDA_CHECK(cudaMallocHost(&staged_valid, ids_size));
+      gpu::release(ids), gpu::release(valid);
+      if (staged_ids) CUDA_CHECK(cudaFreeHost(staged_ids));
+      if (staged_valid) CUDA_CHECK(cudaFreeHost(staged_valid));
+      ids = nullptr, valid = nullptr, staged_ids = nullptr, staged_valid = nullptr, ids_size = 0;  // if an allocation fails
+      const size_t need = ns + 2 * nt;
+      ids = gpu::alloc_ints(need), valid = gpu::alloc_bytes(need);
+      CUDA_CHECK(cudaMallocHost(&staged_ids, need * sizeof(int)));
+      CUDA_CHECK(cudaMallocHost(&staged_valid, need));
+      ids_size = need;
     }
     // The batch goes through pinned memory, so its copies are asynchronous: queued behind the previous
     // step's backward and Adam, while the host goes on to queue this step's forward.

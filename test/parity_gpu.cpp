@@ -177,6 +177,31 @@ int main() {
       gpu::release(dvalid);
     }
 
+  // long rows: 100 keys and Dk = 80, more than one pass of the kernels' 64 threads; padding and dropout
+  {
+    const int b2 = 2, lq = 3, lk = 100, d2 = 240, h2 = 3;
+    std::vector<uint8_t> valid((size_t)b2 * lk, 1);
+    for (int j = lk - 7; j < lk; ++j) valid[j] = 0;  // sentence 0 ends in 7 padding positions
+    uint8_t* dvalid = gpu::alloc_bytes(valid.size());
+    gpu::upload(dvalid, valid.data(), valid.size());
+    Buf q(r.vec((size_t)b2 * lq * d2)), k(r.vec((size_t)b2 * lk * d2)), v(r.vec((size_t)b2 * lk * d2));
+    Buf ctx(zeros((size_t)b2 * lq * d2)), p(zeros((size_t)b2 * h2 * lq * lk));
+    Buf dctx(r.vec((size_t)b2 * lq * d2)), dq(r.vec((size_t)b2 * lq * d2)), dk(r.vec((size_t)b2 * lk * d2)),
+        dv(r.vec((size_t)b2 * lk * d2));
+    ctx.poison(), p.poison();
+    cpu::attention_forward(ctx.h.data(), p.h.data(), q.h.data(), k.h.data(), v.h.data(), valid.data(), false, drop, b2, lq, lk, d2, h2);
+    gpu::attention_forward(ctx.d, p.d, q.d, k.d, v.d, dvalid, false, drop, b2, lq, lk, d2, h2);
+    rep.same(ctx, "attention_forward ctx (100 keys, Dk 80)");
+    rep.same(p, "attention_forward p (100 keys, Dk 80)");
+    cpu::attention_backward(dq.h.data(), dk.h.data(), dv.h.data(), dctx.h.data(), p.h.data(), q.h.data(), k.h.data(), v.h.data(),
+                            drop, b2, lq, lk, d2, h2);
+    gpu::attention_backward(dq.d, dk.d, dv.d, dctx.d, p.d, q.d, k.d, v.d, drop, b2, lq, lk, d2, h2);
+    rep.same(dq, "attention_backward dq (100 keys, Dk 80)");
+    rep.same(dk, "attention_backward dk (100 keys, Dk 80)");
+    rep.same(dv, "attention_backward dv (100 keys, Dk 80)");
+    gpu::release(dvalid);
+  }
+
   // multi-head attention (cross: Lq queries, Lk keys)
   {
     std::vector<uint8_t> valid((size_t)B * Lk, 1);
@@ -230,20 +255,21 @@ int main() {
       rep.same(*b, std::string("ffn_backward ") + name);
   }
 
-  // LayerNorm (the parameters' gradients sum 32 rows per block: 21 rows, and 67 in three blocks), the residual
-  for (int rows : {M, 67}) {
-    const std::string tag = " (" + std::to_string(rows) + " rows)";
-    Buf in(r.vec((size_t)rows * D, -3, 5)), g(r.vec(D, 0.5, 1.5)), b(r.vec(D)), out(zeros((size_t)rows * D));
-    Buf mean(zeros(rows)), rstd(zeros(rows)), dout(r.vec((size_t)rows * D)), din(r.vec((size_t)rows * D)), dg(r.vec(D)),
-        db(r.vec(D));
+  // LayerNorm (the parameters' gradients sum 32 rows per block: 21 rows of 12, and 67 rows of 300 in three
+  // blocks, each thread striding over columns), the residual
+  for (auto [rows, width] : {std::pair<int, int>{M, D}, {67, 300}}) {
+    const std::string tag = " (" + std::to_string(rows) + " x " + std::to_string(width) + ")";
+    Buf in(r.vec((size_t)rows * width, -3, 5)), g(r.vec(width, 0.5, 1.5)), b(r.vec(width)), out(zeros((size_t)rows * width));
+    Buf mean(zeros(rows)), rstd(zeros(rows)), dout(r.vec((size_t)rows * width)), din(r.vec((size_t)rows * width)), dg(r.vec(width)),
+        db(r.vec(width));
     out.poison(), mean.poison(), rstd.poison();
-    cpu::layernorm_forward(out.h.data(), mean.h.data(), rstd.h.data(), in.h.data(), g.h.data(), b.h.data(), rows, D, 1e-6);
-    gpu::layernorm_forward(out.d, mean.d, rstd.d, in.d, g.d, b.d, rows, D, 1e-6);
+    cpu::layernorm_forward(out.h.data(), mean.h.data(), rstd.h.data(), in.h.data(), g.h.data(), b.h.data(), rows, width, 1e-6);
+    gpu::layernorm_forward(out.d, mean.d, rstd.d, in.d, g.d, b.d, rows, width, 1e-6);
     rep.same(out, "layernorm_forward" + tag);
     rep.same(mean, "layernorm_forward mean" + tag);
     rep.same(rstd, "layernorm_forward rstd" + tag);
-    cpu::layernorm_backward(din.h.data(), dg.h.data(), db.h.data(), dout.h.data(), in.h.data(), g.h.data(), mean.h.data(), rstd.h.data(), rows, D);
-    gpu::layernorm_backward(din.d, dg.d, db.d, dout.d, in.d, g.d, mean.d, rstd.d, rows, D);
+    cpu::layernorm_backward(din.h.data(), dg.h.data(), db.h.data(), dout.h.data(), in.h.data(), g.h.data(), mean.h.data(), rstd.h.data(), rows, width);
+    gpu::layernorm_backward(din.d, dg.d, db.d, dout.d, in.d, g.d, mean.d, rstd.d, rows, width);
     rep.same(din, "layernorm_backward din" + tag);
     rep.same(dg, "layernorm_backward dg" + tag);
     rep.same(db, "layernorm_backward db" + tag);
