@@ -29,13 +29,11 @@ check "n-best lines are 'LINE ||| text ||| score ||| logprob'" grep -q '^1 ||| .
 "$translate" "${m[@]}" --attention att.svg < in.txt > /dev/null 2> att.log
 check "attention SVG written with every map" test "$(grep -c 'attention, layer' att.svg)" -eq 24
 # --score equals the library call (bleu_golden checks the library prints this very line)
-golden="$root/../shared/golden/bleu"
-if [ -f "$golden/hyp_small_test2016.de" ] && [ -f "$root/../shared/data/multi30k/test_2016_flickr.de.gz" ]; then
-  gzip -dc "$root/../shared/data/multi30k/test_2016_flickr.de.gz" > ref.de
-  "$translate" --score "$golden/hyp_small_test2016.de" --ref ref.de > score.txt
-  check "--score prints sacreBLEU's line" test "$(sed -n 1p score.txt)" = "BLEU = 33.93 63.0/39.7/27.6/19.2 (BP = 1.000 ratio = 1.059 hyp_len = 12816 ref_len = 12106)"
-  check "--score prints the signature" test "$(sed -n 2p score.txt)" = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"
-fi
+golden="$root/test/golden/bleu"
+gzip -dc "$golden/test_2016_flickr.de.gz" > ref.de
+"$translate" --score "$golden/hyp_small_test2016.de" --ref ref.de > score.txt
+check "--score prints sacreBLEU's line" test "$(sed -n 1p score.txt)" = "BLEU = 33.93 63.0/39.7/27.6/19.2 (BP = 1.000 ratio = 1.059 hyp_len = 12816 ref_len = 12106)"
+check "--score prints the signature" test "$(sed -n 2p score.txt)" = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"
 "$translate" "${m[@]}" -i in.txt --greedy --stats > /dev/null 2> stats.log
 check "--stats: one line with the counts and speeds" \
   grep -Eq "^translate: 3 sentences, [0-9]+ target tokens in [0-9.]+ s on (cpu|cuda) \(greedy\): [0-9.]+ sentences/s, [0-9]+ tokens/s$" stats.log
