@@ -148,6 +148,16 @@ void append_valid_utf8(std::string& out, const std::string& bytes) {
 
 }  // namespace
 
+std::vector<std::string> read_lines(std::istream& in) {
+  std::vector<std::string> lines;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    lines.push_back(std::move(line));
+  }
+  return lines;
+}
+
 std::vector<std::string> read_text_lines(const std::string& path) {
   std::ifstream file;
   if (path != "-") {
@@ -155,14 +165,28 @@ std::vector<std::string> read_text_lines(const std::string& path) {
     if (!file) throw std::runtime_error("cannot read " + path + ": " + std::strerror(errno));
   }
   std::istream& in = path == "-" ? std::cin : file;
-  std::vector<std::string> lines;
-  std::string line;
-  while (std::getline(in, line)) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    lines.push_back(std::move(line));
-  }
+  std::vector<std::string> lines = read_lines(in);
   if (in.bad()) throw std::runtime_error("error reading " + path);
   return lines;
+}
+
+std::vector<std::vector<int>> encode_lines(const Tokenizer& tok, const std::vector<std::string>& lines, const std::string& name,
+                                           int max_tokens, std::vector<std::string>* warnings) {
+  std::vector<std::vector<int>> out(lines.size());
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const std::string where = name + ":" + std::to_string(i + 1);
+    try {
+      out[i] = tok.encode(lines[i]);
+    } catch (const InvalidUtf8& e) {
+      throw std::runtime_error(where + ": " + e.what());
+    }
+    if ((int)out[i].size() > max_tokens) {
+      warnings->push_back(where + ": " + std::to_string(out[i].size()) + " tokens, truncated to the model's maximum of " +
+                          std::to_string(max_tokens));
+      out[i].resize(max_tokens);
+    }
+  }
+  return out;
 }
 
 // ---- normalisation ------------------------------------------------------------------------------------
@@ -520,6 +544,10 @@ Tokenizer Tokenizer::load(const std::string& path) {
   }
   if (t.vocab_ != vocab) throw std::runtime_error(path + ": the vocabulary does not match its merges");
   t.compute_hash();
-  if (t.hash_ != stored) throw std::runtime_error(path + ": hash mismatch (the file was edited or is corrupt)");
+  if (t.hash_ != stored) {
+    char hashes[96];
+    std::snprintf(hashes, sizeof hashes, "the file says %016llx, its contents give %016llx", stored, (unsigned long long)t.hash_);
+    throw std::runtime_error(path + ": hash mismatch (" + hashes + "; the file was edited or is corrupt)");
+  }
   return t;
 }

@@ -35,8 +35,10 @@ void Config::validate() const {
   need(eps_ls >= 0 && eps_ls < 1, "label smoothing must be in [0, 1)");
   need(ln_eps > 0, "LayerNorm epsilon must be > 0");
   need(warmup >= 1, "warmup steps must be >= 1");
-  need(lr_scale > 0, "learning-rate scale must be > 0");
-  need(clip_norm >= 0, "clip norm must be >= 0 (0 = off)");
+  need(lr_scale > 0 && std::isfinite(lr_scale), "learning-rate scale must be > 0");
+  need(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1, "Adam's betas must be in [0, 1)");
+  need(adam_eps > 0 && std::isfinite(adam_eps), "Adam's epsilon must be > 0");
+  need(clip_norm >= 0 && std::isfinite(clip_norm), "clip norm must be >= 0 (0 = off)");
 }
 
 Config config_preset(const std::string& name) {
@@ -1553,7 +1555,17 @@ std::unique_ptr<Transformer<float>> checkpoint_load(const std::string& path, Che
     throw std::runtime_error(path + ": checkpoint format version " + std::to_string(version) + ", this program reads version " +
                              std::to_string(kCheckpointVersion));
   Config c;
-  config_fields(c, [&](const char*, auto& x) { get(x); });
+  config_fields(c, [&](const char* name, auto& x) {
+    using Field = std::decay_t<decltype(x)>;
+    if constexpr (std::is_same_v<Field, bool> || std::is_enum_v<Field>) {  // read as bytes, checked before use
+      typename std::conditional_t<std::is_enum_v<Field>, std::underlying_type<Field>, std::common_type<uint8_t>>::type raw;
+      get(raw);
+      if (raw != 0 && raw != 1) throw std::runtime_error(path + ": not a checkpoint of this program (" + name + " is " + std::to_string(raw) + ")");
+      x = static_cast<Field>(raw);
+    } else {
+      get(x);
+    }
+  });
   CheckpointMeta mt;
   long step;
   uint64_t seed, n;
@@ -1572,14 +1584,24 @@ std::unique_ptr<Transformer<float>> checkpoint_load(const std::string& path, Che
   } catch (const std::invalid_argument& e) {
     throw std::runtime_error(path + ": " + e.what());
   }
+  if (has_adam > 1 || step < 0 || mt.train.epoch < 0 || mt.train.batch < 0 || mt.train.tokens < 0 || !(mt.train.elapsed >= 0))
+    throw std::runtime_error(path + ": not a checkpoint of this program (impossible training state)");
+  // The configuration's size is checked before anything is allocated, so a header cannot ask for more
+  // memory than the file holds: the embedding (V x D) and every layer's D x D and D x F weights are each
+  // part of the n parameters, and there are N layers; then the exact count.
+  const bool fits = (uint64_t)c.N <= n && (uint64_t)c.V * c.D <= n && (uint64_t)c.D * c.D <= n && (uint64_t)c.D * c.F <= n;
+  if (!fits || parameter_layout<float>(c, nullptr, nullptr, nullptr) != n)
+    throw std::runtime_error(path + ": parameter count does not match its configuration");
   auto m = std::make_unique<Transformer<float>>(c, seed);
-  if (m->params.size() != n) throw std::runtime_error(path + ": parameter count does not match its configuration");
-  auto get_array = [&](std::vector<float>& v) {
+  auto get_array = [&](std::vector<float>& v, bool adam_v) {
     std::memcpy(v.data(), buf.data() + at, n * sizeof(float));
     at += n * sizeof(float);
+    for (float x : v)
+      if (!std::isfinite(x) || (adam_v && x < 0))
+        throw std::runtime_error(path + ": a parameter or optimizer value is " + std::to_string(x) + " (the checkpoint is corrupt)");
   };
-  get_array(m->params);
-  if (has_adam) get_array(m->adam_m), get_array(m->adam_v);
+  get_array(m->params, false);
+  if (has_adam) get_array(m->adam_m, false), get_array(m->adam_v, true);
   m->step = step;
   mt.step = step;
   mt.has_adam = has_adam;

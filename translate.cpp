@@ -189,24 +189,6 @@ void write_attention_svg(const std::string& path, Transformer<float>& m, const T
   if (!svg.flush()) fail("cannot write " + path);
 }
 
-// ---- reading input ------------------------------------------------------------------------------------
-
-std::vector<std::string> read_lines_from(std::istream& in) {
-  std::vector<std::string> lines;
-  std::string line;
-  while (std::getline(in, line)) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    lines.push_back(line);
-  }
-  return lines;
-}
-
-std::vector<std::string> read_lines(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot read " + path + ": " + std::strerror(errno));
-  return read_lines_from(in);
-}
-
 std::string directory_of(const std::string& path) {
   size_t slash = path.find_last_of('/');
   return slash == std::string::npos ? "." : path.substr(0, slash);
@@ -218,7 +200,7 @@ int main(int argc, char** argv) {
   Options o = parse(argc, argv);
   try {
     if (!o.score.empty()) {  // BLEU of a file, no model
-      std::vector<std::string> hyps = read_lines(o.score), refs = read_lines(o.ref);
+      std::vector<std::string> hyps = read_text_lines(o.score), refs = read_text_lines(o.ref);
       if (hyps.size() != refs.size())
         fail(o.score + " has " + std::to_string(hyps.size()) + " lines but " + o.ref + " has " + std::to_string(refs.size()));
       BleuScore s = corpus_bleu(hyps, refs, o.lowercase);
@@ -240,24 +222,12 @@ int main(int argc, char** argv) {
 
     // Encode everything first: a bad line stops the run before any output is written.
     const std::string input_name = o.input.empty() ? "stdin" : o.input;
-    std::vector<std::string> lines = o.input.empty() ? read_lines_from(std::cin) : read_lines(o.input);
-    std::vector<std::vector<int>> src(lines.size());
-    const int max_src = m.cfg.max_len - 1;  // room for </s>
-    for (size_t i = 0; i < lines.size(); ++i) {
-      try {
-        src[i] = tok.encode(lines[i]);
-      } catch (const InvalidUtf8& e) {
-        fail(input_name + ":" + std::to_string(i + 1) + ": invalid UTF-8 at byte " + std::to_string(e.offset));
-      }
-      if ((int)src[i].size() > max_src) {
-        std::fprintf(stderr, "translate: warning: %s:%zu: %zu tokens, truncated to the model's maximum of %d\n",
-                     input_name.c_str(), i + 1, src[i].size(), max_src);
-        src[i].resize(max_src);
-      }
-    }
+    std::vector<std::string> lines = read_text_lines(o.input.empty() ? "-" : o.input), warnings;
+    const std::vector<std::vector<int>> src = encode_lines(tok, lines, input_name, m.cfg.max_len - 1, &warnings);  // room for </s>
+    for (const std::string& w : warnings) std::fprintf(stderr, "translate: warning: %s\n", w.c_str());
     std::vector<std::string> refs;
     if (!o.ref.empty()) {
-      refs = read_lines(o.ref);
+      refs = read_text_lines(o.ref);
       if (refs.size() != lines.size())
         fail(o.ref + " has " + std::to_string(refs.size()) + " lines but the input has " + std::to_string(lines.size()));
     }

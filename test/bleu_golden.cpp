@@ -306,6 +306,11 @@ static int edge_cases() {
   ck.expect(empty_corpus == "BLEU = 0.00 0.0/0.0/0.0/0.0 (BP = 1.000 ratio = 0.000 hyp_len = 0 ref_len = 0)",
             "empty corpus printed \"%s\"", empty_corpus.c_str());
 
+  // A perfect match scores exactly 100 (fuzz_bleu found 100.00000000000004, sacreBLEU's own rounding).
+  const BleuScore perfect = corpus_bleu({"a b c d e"}, {"a b c d e"});
+  ck.expect(perfect.score == 100 && sentence_bleu("a b c d e", "a b c d e").score == 100, "a perfect match scores %.17g",
+            perfect.score);
+
   // No matching n-gram: BLEU 0 and every precision 0 (smoothing does not apply).
   BleuScore none = corpus_bleu({"x y z"}, {"a b c"});
   ck.expect(none.score == 0 && none.precisions == std::array<double, 4>{} && none.totals == std::array<long, 4>{3, 2, 1, 0},
