@@ -522,13 +522,21 @@ Tokenizer Tokenizer::load(const std::string& path) {
   if (std::sscanf(next().c_str(), "vocabulary %ld", &n_vocab) != 1 || n_vocab < kFirstByte + 257) throw bad("expected 'vocabulary COUNT'");
   std::vector<std::string> vocab;
   for (long i = 0; i < n_vocab; ++i) {
-    std::istringstream ls(next());
-    long id;
-    std::string p, extra;
+    // exactly "ID PIECE", as save() writes it ("280\xD9x" once passed as id 280 and the piece "\xD9x")
+    const std::string& l = next(), head = std::to_string(i) + " ";
+    if (l.compare(0, head.size(), head) != 0 || l.size() == head.size() || l.find_first_of(" \t", head.size()) != std::string::npos)
+      throw bad("expected '" + std::to_string(i) + " PIECE'");
     bool ok;
-    if (!(ls >> id >> p) || (ls >> extra) || id != i) throw bad("expected '" + std::to_string(i) + " PIECE'");
-    vocab.push_back(unescape(p, &ok));
+    vocab.push_back(unescape(l.substr(head.size()), &ok));
     if (!ok) throw bad("bad escape");
+    if (i >= kFirstByte + 256) {  // characters and merged pieces are UTF-8 text (found by fuzz_vocab)
+      try {
+        int32_t cp;
+        for (size_t at = 0; at < vocab.back().size(); at += next_codepoint(vocab.back(), at, &cp)) {}
+      } catch (const InvalidUtf8& e) {
+        throw bad(std::string("the piece is not UTF-8 (") + e.what() + ")");
+      }
+    }
   }
   // rebuild: the fixed tokens, the characters (vocabulary entries no merge produced), then the merges
   Tokenizer t = with_alphabet({});

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <numeric>
@@ -16,7 +17,8 @@
 #include <type_traits>
 #include <utility>
 
-#include <unistd.h>  // fsync
+#include <sys/resource.h>  // getrlimit
+#include <unistd.h>        // fsync, sysconf
 
 // ---- configuration ---------------------------------------------------------------------------------
 
@@ -1111,6 +1113,31 @@ template <typename T> double transformer_update(Transformer<T>& m) {
   return lr;
 }
 
+// ---- memory (what training_bytes and decoding_bytes count, against what is available) -------------
+
+size_t training_bytes(const Config& c, int B, int S, int T) {
+  Activations<float> a;
+  return sizeof(float) * (4 * parameter_layout<float>(c, nullptr, nullptr, nullptr) + carve_activations<float>(a, c, B, S, T, nullptr));
+}
+
+size_t available_memory() {
+  size_t available = SIZE_MAX;
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  size_t kb;
+  while (meminfo >> key >> kb)
+    if (key == "MemAvailable:") available = kb * 1024;
+    else meminfo.ignore(1 << 10, '\n');
+  struct rlimit limit;
+  std::ifstream status("/proc/self/statm");
+  size_t pages = 0;
+  if (getrlimit(RLIMIT_AS, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY && (status >> pages)) {
+    const size_t used = pages * (size_t)sysconf(_SC_PAGESIZE);
+    available = std::min(available, limit.rlim_cur > used ? (size_t)limit.rlim_cur - used : 0);
+  }
+  return available;
+}
+
 // ---- §6 decoding: the decoder one position at a time, with K/V caches ------------------------------
 
 double length_penalty(int length, double alpha) { return std::pow((5.0 + length) / 6.0, alpha); }
@@ -1193,6 +1220,16 @@ static DecoderCache<Ops, T> start_decoding(const DecodingModel<T>& dm, const std
   k.row_source.resize(B);
   std::iota(k.row_source.begin(), k.row_source.end(), 0);
   return k;
+}
+
+size_t decoding_bytes(const Config& c, int sources, int S, int capacity, int rows) {
+  Activations<float> a;  // the encoder runs as a batch with a one-position decoder input (encoder_batch)
+  const size_t encoder = carve_activations<float>(a, c, sources, S, 1, nullptr);
+  const size_t n = (size_t)sources * S * c.D, cache = (size_t)rows * capacity * c.D, RD = (size_t)rows * c.D;
+  // start_decoding's buffers, in its order (floats), and beam_search's log-probabilities on the host
+  const size_t floats = c.N * (2 * n + 2 * cache) + cache + 4 * RD + (size_t)rows * c.H * std::max(capacity, S) +
+                        2 * (size_t)rows * c.F + (size_t)rows * c.V + 2 * (4 * RD + 2 * (size_t)rows) + (size_t)rows * c.V;
+  return sizeof(float) * (encoder + floats) + 2 * (size_t)rows * capacity + sizeof(int) * rows;
 }
 
 // Keeps the rows `parent` names (a row may be kept several times), in that order: beams reordered.

@@ -216,6 +216,14 @@ int main(int argc, char** argv) {
       fail(vocab_path + " is not the vocabulary " + o.model + " was trained with (hash mismatch)");
     if (tok.vocab_size() != m.cfg.V)
       fail(vocab_path + " has " + std::to_string(tok.vocab_size()) + " tokens but the model has " + std::to_string(m.cfg.V));
+    // Options that would only make work explode are refused or capped here, with one line each.
+    const int predictable = m.cfg.V - 2;  // decoding never predicts <pad> or <s>
+    if (!o.greedy && o.decode.beam > predictable)
+      fail("--beam " + std::to_string(o.decode.beam) + " is more than the " + std::to_string(predictable) +
+           " tokens the model can predict: choose at most that many");
+    if (o.decode.max_extra >= m.cfg.max_len)
+      std::fprintf(stderr, "translate: warning: --max-extra %d cannot be met: outputs stop at the model's max_len of %d tokens\n",
+                   o.decode.max_extra, m.cfg.max_len);
     if (o.device.empty()) o.device = gpu_available() ? "cuda" : "cpu";
     if (o.device == "cuda") transformer_to_device(m, Device::cuda);  // decoding and its K/V caches on the GPU
     if (o.batch < 0) o.batch = o.device == "cuda" ? 200 : 32;
@@ -237,6 +245,24 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < src.size(); ++i)
       if (!src[i].empty()) order.push_back(i);
     std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return src[a].size() < src[b].size(); });
+    if (o.device == "cpu" && !order.empty()) {  // as many sentences at a time as memory holds
+      const int rows_each = o.greedy ? 1 : o.decode.beam, longest = (int)src[order.back()].size();
+      auto bytes = [&](size_t sentences) {
+        return decoding_bytes(m.cfg, (int)sentences, longest + 1, max_output_length(m.cfg, longest, o.decode.max_extra),
+                              (int)sentences * rows_each);
+      };
+      const size_t available = available_memory(), wanted = std::min((size_t)o.batch, order.size());
+      if (bytes(1) > available)
+        fail("decoding one sentence of " + std::to_string(longest) + " tokens with beam " + std::to_string(rows_each) + " needs " +
+             std::to_string(bytes(1) >> 20) + " MB, but " + std::to_string(available >> 20) + " MB are available: lower --beam");
+      size_t fits = wanted;
+      while (bytes(fits) > available) fits /= 2;
+      if (fits < wanted) {
+        std::fprintf(stderr, "translate: warning: --batch %zu needs %zu MB with beam %d, %zu MB are available: decoding %zu sentences at a time\n",
+                     wanted, bytes(wanted) >> 20, rows_each, available >> 20, fits);
+        o.batch = (int)fits;
+      }
+    }
     std::vector<std::vector<Hypothesis>> result(src.size());
     const auto t0 = std::chrono::steady_clock::now();
     for (size_t at = 0; at < order.size(); at += o.batch) {

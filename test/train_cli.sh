@@ -75,6 +75,11 @@ cp short/vocab.bpe resumed/vocab.bpe.other
 "$train" "${common[@]}" --merges 10 --max-steps 1 --out othervocab > /dev/null 2>&1
 cp othervocab/vocab.bpe resumed/vocab.bpe
 expect_error "resume with another vocabulary" "another vocabulary" "$train" "${common[@]}" --max-steps 41 --out resumed --resume
+expect_error "resume with another --batch-tokens" "stopped after batch .* resume with the first run's --batch-tokens" \
+  "$train" "${common[@]}" --max-steps 41 --out resumed --resume --batch-tokens 100000
+expect_error "a batch that cannot fit in memory" "a batch of --batch-tokens 10000000 needs .* MB .* lower --batch-tokens" \
+  "$train" "${common[@]}" --config big --batch-tokens 10000000 --max-steps 1 --out hugebatch
+check "the model line reports the peak memory of a step" grep -Eq "^model: .*; peak memory [0-9]+ MB \(a step on the largest batch\)$" short.log
 expect_error "unknown option" "unknown option '--bogus'" "$train" --bogus
 expect_error "--tf32 on the CPU" "--tf32 is a GPU option" "$train" "${common[@]}" --max-steps 1 --out tf32run --device cpu --tf32
 expect_error "bad number" "--max-steps needs an integer" "$train" --max-steps -5

@@ -59,6 +59,21 @@ if on_cuda_or_error "--device cuda without a GPU" "$translate" "${m[@]}" --devic
   check "--device cuda translates as the CPU does" cmp -s out.txt cpu.txt
 fi
 expect_error "--n-best above --beam" "--n-best must be between 1 and --beam" "$translate" "${m[@]}" --n-best 5
+V=$(sed -n 's/.* V=\([0-9]*\),.*/\1/p' train.log)
+expect_error "--beam beyond the vocabulary" "--beam 100000 is more than the $((V - 2)) tokens the model can predict" \
+  "$translate" "${m[@]}" --beam 100000 -i in.txt
+expect_error "--n-best beyond the vocabulary" "--beam 1000000 is more than" "$translate" "${m[@]}" --beam 1000000 --n-best 1000000 -i in.txt
+"$translate" "${m[@]}" --greedy --max-extra 1000 -i in.txt > extra.txt 2> extra.err
+check "--max-extra beyond max_len: one warning, still translated" \
+  sh -c "test \$(wc -l < extra.err) -eq 1 && grep -q 'max-extra 1000 cannot be met: outputs stop at the model.s max_len of 64' extra.err && test \$(wc -l < extra.txt) -eq 6"
+for i in $(seq 1 40); do echo "three hundred and twenty-four thousand nine hundred and one"; done > forty.txt
+if ldd "$translate" | grep -q libasan; then  # AddressSanitizer reserves terabytes of address space: no ulimit -v
+  echo "translate_cli: a sanitizer build: the memory cap under ulimit -v is checked by the plain build only"
+else
+  ( ulimit -v 600000; exec "$translate" "${m[@]}" --device cpu --beam $((V - 2)) --batch 40 -i forty.txt > capped.txt 2> capped.err )
+  check "a batch that cannot fit is cut down with one warning ($(cat capped.err))" \
+    sh -c "test \$(wc -l < capped.err) -eq 1 && grep -q 'decoding [0-9]* sentences at a time' capped.err && test \$(wc -l < capped.txt) -eq 40"
+fi
 long=$(printf 'nine %.0s' {1..100})
 echo "$long" | "$translate" "${m[@]}" > long.txt 2> long.err
 check "an over-long line is truncated with a warning" grep -q "stdin:1: .* tokens, truncated to the model's maximum of 63" long.err
