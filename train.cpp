@@ -675,7 +675,12 @@ int main(int argc, char** argv) {
   const long total_steps = o.epochs * (long)batches.size();
   const long step_limit = o.max_steps > 0 ? std::min(o.max_steps, total_steps) : total_steps;
   double window_tokens = 0, window_seconds = 0;
-  std::string last_good;
+  std::string last_good;  // the newest complete checkpoint: on a resume, the one model.bin names
+  if (o.resume) {
+    char target[512];
+    const ssize_t n = readlink((o.out + "/model.bin").c_str(), target, sizeof target - 1);
+    last_good = n > 0 ? o.out + "/" + std::string(target, n) : o.out + "/model.bin";
+  }
   auto validate = [&](LogRow& row) {
     Evaluation e = evaluate(m, val, corpus.val, tok, o.batch_tokens, o.val_sentences, corpus.numbers);
     row.val_loss = e.loss, row.val_bleu = e.bleu, row.val_exact = e.exact;
