@@ -1113,7 +1113,7 @@ template <typename T> double transformer_update(Transformer<T>& m) {
   return lr;
 }
 
-// ---- memory (what training_bytes and decoding_bytes count, against what is available) -------------
+// ---- memory: what training takes and what is available (decoding_bytes is beside start_decoding) ----
 
 size_t training_bytes(const Config& c, int B, int S, int T) {
   Activations<float> a;
