@@ -4,17 +4,32 @@
 #   make            nvcc found: transformer.cu compiled by nvcc (CPU + CUDA paths)
 #   make CPU=1      transformer.cu compiled by g++ as C++ (CPU path only)
 #   make EMU=1      transformer.cu compiled by g++ against cuda_emulator.h: the CUDA path runs on the CPU
+#   make SANITIZE=1 every object, program and test with AddressSanitizer and UndefinedBehaviorSanitizer
+#                   (`make CPU=1 SANITIZE=1 test` runs the whole CPU suite under them)
+#   make fuzz       builds the libFuzzer targets of test/fuzz with clang in build-fuzz/ and runs each
+#                   for SECONDS seconds (default 60; RUNS=N stops each after N inputs) on its seed corpus
 #
 # Whatever the configuration, `make test` also builds the GPU tests against the emulator, with
-# AddressSanitizer and UndefinedBehaviorSanitizer, in build/emu/ (see "The emulated GPU" in NOTES.md).
+# AddressSanitizer and UndefinedBehaviorSanitizer, in build/emu/ (see "The emulated GPU" in NOTES.md);
+# `make test CTEST_ARGS="-LE emulated"` leaves them out (CI runs them once, not in every configuration).
 #
-# Objects go to build/; a stamp records the configuration so switching CPU=1 on or off rebuilds.
+# Objects go to build/; a stamp records the configuration (compiler flags included) so switching CPU=1 or
+# SANITIZE=1 on or off rebuilds everything: sanitized and plain objects never mix.
 
 CXX      ?= g++
 CXXFLAGS ?= -O3 -g
 CXXFLAGS += -std=c++17 -Wall -Wextra -Wno-unused-parameter -march=native
 LDLIBS   :=
 BUILD    := build
+
+# AddressSanitizer + UndefinedBehaviorSanitizer, any undefined behaviour fatal: one variable for every
+# build that takes SANITIZE=1.
+SANITIZE_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+ifeq ($(SANITIZE),1)
+  CXXFLAGS += $(SANITIZE_FLAGS)
+  LDLIBS   += $(SANITIZE_FLAGS)
+  $(info ✓ SANITIZE=1: address and undefined-behaviour sanitizers)
+endif
 
 # ---- probes ------------------------------------------------------------------------------------
 ifneq ($(filter 1,$(CPU) $(EMU)),)
@@ -66,9 +81,8 @@ endif
 
 # The emulated GPU's tests: the GPU section compiled by g++ against cuda_emulator.h, with the sanitizers.
 EMU_BUILD    := $(BUILD)/emu
-SANITIZERS   := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 EMU_CXXFLAGS := -O1 -g -std=c++17 -Wall -Wextra -Wno-unused-parameter $(filter -fopenmp,$(CXXFLAGS)) \
-                $(shell pkg-config --cflags libutf8proc) -DTRANSFORMER_CUDA -DTRANSFORMER_EMULATED_GPU $(SANITIZERS)
+                $(shell pkg-config --cflags libutf8proc) -DTRANSFORMER_CUDA -DTRANSFORMER_EMULATED_GPU $(SANITIZE_FLAGS)
 EMU_LDLIBS   := $(shell pkg-config --libs libutf8proc) $(filter -fopenmp,$(LDLIBS))
 EMU_TESTS    := $(EMU_BUILD)/test/parity_gpu $(EMU_BUILD)/test/cuda_emulator
 
@@ -79,7 +93,7 @@ TESTS    := $(patsubst test/%.cpp,$(BUILD)/test/%,$(filter-out test/cuda_emulato
 HEADERS  := $(wildcard *.h data/*.h test/*.h)
 EMU_OBJS := $(EMU_BUILD)/transformer.o $(EMU_BUILD)/tokenizer.o $(EMU_BUILD)/data/numbers.o
 
-.PHONY: all emu test mutants bench data clean FORCE
+.PHONY: all emu test mutants bench data fuzz clean FORCE
 .SECONDARY:  # keep the objects: they are intermediate files of pattern rules
 all: $(PROGRAMS) $(TESTS)
 
@@ -119,7 +133,7 @@ $(BUILD)/test/%: $(BUILD)/test/%.o $(LIB_OBJS)
 emu: $(EMU_TESTS)
 
 test: all emu
-	ctest --test-dir test --output-on-failure
+	ctest --test-dir test --output-on-failure $(CTEST_ARGS)
 
 # Bugs planted in copies of transformer.cu, each of which the emulated parity_gpu must catch.
 mutants: emu
@@ -133,5 +147,29 @@ data:
 bench: all
 	bash test/bench.sh
 
+# ---- fuzzing: libFuzzer targets (clang), each linked with the library sources ---------------------------
+FUZZ_CXX     ?= clang++
+FUZZ_BUILD   := build-fuzz
+FUZZ_FLAGS   := -g -O1 -std=c++17 -march=native -Wall -Wno-unknown-pragmas $(shell pkg-config --cflags libutf8proc) \
+                -fsanitize=address,undefined -fno-sanitize-recover=all
+FUZZ_LIB     := $(patsubst %,$(FUZZ_BUILD)/%.o,transformer tokenizer data/numbers)
+FUZZ_TARGETS := $(patsubst test/fuzz/%.cpp,$(FUZZ_BUILD)/%,$(wildcard test/fuzz/fuzz_*.cpp))
+SECONDS      ?= 60
+RUNS         ?= -1
+
+$(FUZZ_BUILD)/transformer.o: transformer.cu $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CXX) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -x c++ -c $< -o $@
+$(FUZZ_BUILD)/%.o: %.cpp $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CXX) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+$(FUZZ_BUILD)/fuzz_%: test/fuzz/fuzz_%.cpp test/fuzz/fuzz.h $(FUZZ_LIB) $(HEADERS)
+	$(FUZZ_CXX) $(FUZZ_FLAGS) -fsanitize=fuzzer $< $(FUZZ_LIB) -o $@ $(shell pkg-config --libs libutf8proc)
+
+# Each target for SECONDS seconds (or RUNS inputs, whichever comes first), one after the other; new inputs go to build-fuzz/corpus, crashes to
+# build-fuzz/crash-*. Prints the inputs each ran; fails on the first crash, leak, timeout or excess memory.
+fuzz: $(FUZZ_TARGETS)
+	@for t in $(notdir $(FUZZ_TARGETS)); do bash test/fuzz/run.sh $(FUZZ_BUILD) $$t $(SECONDS) $(RUNS) || exit 1; done
+
 clean:
-	rm -rf $(BUILD) $(PROGRAMS)
+	rm -rf $(BUILD) $(FUZZ_BUILD) $(PROGRAMS)

@@ -148,6 +148,16 @@ void append_valid_utf8(std::string& out, const std::string& bytes) {
 
 }  // namespace
 
+std::vector<std::string> read_lines(std::istream& in) {
+  std::vector<std::string> lines;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    lines.push_back(std::move(line));
+  }
+  return lines;
+}
+
 std::vector<std::string> read_text_lines(const std::string& path) {
   std::ifstream file;
   if (path != "-") {
@@ -155,14 +165,28 @@ std::vector<std::string> read_text_lines(const std::string& path) {
     if (!file) throw std::runtime_error("cannot read " + path + ": " + std::strerror(errno));
   }
   std::istream& in = path == "-" ? std::cin : file;
-  std::vector<std::string> lines;
-  std::string line;
-  while (std::getline(in, line)) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    lines.push_back(std::move(line));
-  }
+  std::vector<std::string> lines = read_lines(in);
   if (in.bad()) throw std::runtime_error("error reading " + path);
   return lines;
+}
+
+std::vector<std::vector<int>> encode_lines(const Tokenizer& tok, const std::vector<std::string>& lines, const std::string& name,
+                                           int max_tokens, std::vector<std::string>* warnings) {
+  std::vector<std::vector<int>> out(lines.size());
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const std::string where = name + ":" + std::to_string(i + 1);
+    try {
+      out[i] = tok.encode(lines[i]);
+    } catch (const InvalidUtf8& e) {
+      throw std::runtime_error(where + ": " + e.what());
+    }
+    if ((int)out[i].size() > max_tokens) {
+      warnings->push_back(where + ": " + std::to_string(out[i].size()) + " tokens, truncated to the model's maximum of " +
+                          std::to_string(max_tokens));
+      out[i].resize(max_tokens);
+    }
+  }
+  return out;
 }
 
 // ---- normalisation ------------------------------------------------------------------------------------
@@ -498,13 +522,21 @@ Tokenizer Tokenizer::load(const std::string& path) {
   if (std::sscanf(next().c_str(), "vocabulary %ld", &n_vocab) != 1 || n_vocab < kFirstByte + 257) throw bad("expected 'vocabulary COUNT'");
   std::vector<std::string> vocab;
   for (long i = 0; i < n_vocab; ++i) {
-    std::istringstream ls(next());
-    long id;
-    std::string p, extra;
+    // exactly "ID PIECE", as save() writes it ("280\xD9x" once passed as id 280 and the piece "\xD9x")
+    const std::string& l = next(), head = std::to_string(i) + " ";
+    if (l.compare(0, head.size(), head) != 0 || l.size() == head.size() || l.find_first_of(" \t", head.size()) != std::string::npos)
+      throw bad("expected '" + std::to_string(i) + " PIECE'");
     bool ok;
-    if (!(ls >> id >> p) || (ls >> extra) || id != i) throw bad("expected '" + std::to_string(i) + " PIECE'");
-    vocab.push_back(unescape(p, &ok));
+    vocab.push_back(unescape(l.substr(head.size()), &ok));
     if (!ok) throw bad("bad escape");
+    if (i >= kFirstByte + 256) {  // characters and merged pieces are UTF-8 text (found by fuzz_vocab)
+      try {
+        int32_t cp;
+        for (size_t at = 0; at < vocab.back().size(); at += next_codepoint(vocab.back(), at, &cp)) {}
+      } catch (const InvalidUtf8& e) {
+        throw bad(std::string("the piece is not UTF-8 (") + e.what() + ")");
+      }
+    }
   }
   // rebuild: the fixed tokens, the characters (vocabulary entries no merge produced), then the merges
   Tokenizer t = with_alphabet({});
@@ -520,6 +552,10 @@ Tokenizer Tokenizer::load(const std::string& path) {
   }
   if (t.vocab_ != vocab) throw std::runtime_error(path + ": the vocabulary does not match its merges");
   t.compute_hash();
-  if (t.hash_ != stored) throw std::runtime_error(path + ": hash mismatch (the file was edited or is corrupt)");
+  if (t.hash_ != stored) {
+    char hashes[96];
+    std::snprintf(hashes, sizeof hashes, "the file says %016llx, its contents give %016llx", stored, (unsigned long long)t.hash_);
+    throw std::runtime_error(path + ": hash mismatch (" + hashes + "; the file was edited or is corrupt)");
+  }
   return t;
 }

@@ -12,6 +12,7 @@
 //                  UTF-8 bytes (<0x00>..<0xFF> are always in the vocabulary): nothing becomes <unk>.
 #pragma once
 #include <cstdint>
+#include <istream>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -21,6 +22,7 @@
 // The lines of a text file (a trailing "\r" is dropped; the last line may lack "\n"); "-" reads stdin.
 // Throws std::runtime_error naming the file when it cannot be read.
 std::vector<std::string> read_text_lines(const std::string& path);
+std::vector<std::string> read_lines(std::istream& in);  // the same, from a stream
 
 // Invalid UTF-8 in the input: what() names the byte offset; callers add the file and line.
 struct InvalidUtf8 : std::runtime_error {
@@ -71,3 +73,9 @@ struct Tokenizer {
   void compute_hash();
   void encode_pretoken(const std::string& pretoken, std::vector<int>& out) const;
 };
+
+// Sentences to translate, one a line (./translate's input), each encoded; an empty line stays empty. A line
+// that is not UTF-8 throws std::runtime_error "NAME:LINE: invalid UTF-8 at byte N"; a line of more than
+// max_tokens tokens is cut to max_tokens, with a one-line warning naming it added to *warnings.
+std::vector<std::vector<int>> encode_lines(const Tokenizer& tok, const std::vector<std::string>& lines, const std::string& name,
+                                           int max_tokens, std::vector<std::string>* warnings);

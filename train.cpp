@@ -17,6 +17,7 @@
 #include <memory>
 #include <numeric>
 #include <string>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <vector>
@@ -433,20 +434,39 @@ bool all_finite(const std::vector<float>& v) {
   return true;
 }
 
-// Writes DIR/ckpt-STEP.bin, points DIR/model.bin at it, keeps the newest `keep`.
-std::string save_checkpoint(const std::string& dir, Transformer<float>& m, uint64_t vocab_hash, const TrainState& st, int keep) {
+// Writes DIR/ckpt-STEP.bin, points DIR/model.bin at it, keeps the newest `keep`. Each step is atomic (a
+// checkpoint is renamed into place complete, model.bin is replaced by a rename), so a process killed at
+// any moment leaves model.bin pointing at a whole checkpoint. A write that fails (a full disk) stops
+// training with one line; model.bin and the checkpoints before are left as they were.
+std::string save_checkpoint(const std::string& dir, Transformer<float>& m, uint64_t vocab_hash, const TrainState& st, int keep,
+                            const std::string& last_good) {
   transformer_download(m);
   if (!all_finite(m.params)) fail("a parameter is not finite at step " + std::to_string(m.step) + ": training stopped; the checkpoints written before are kept");
   char name[64];
   std::snprintf(name, sizeof name, "ckpt-%010ld.bin", m.step);
   const std::string path = dir + "/" + name;
-  checkpoint_save(path, m, vocab_hash, &st);
+  try {
+    checkpoint_save(path, m, vocab_hash, &st);
+  } catch (const std::runtime_error& e) {
+    fail(std::string(e.what()) + "; training stopped, " + (last_good.empty() ? "no checkpoint of this run was written"
+                                                                               : "the last good checkpoint (" + last_good + ") is kept"));
+  }
   const std::string link = dir + "/model.bin", tmp = link + ".tmp";
   std::remove(tmp.c_str());
   if (symlink(name, tmp.c_str()) != 0 || std::rename(tmp.c_str(), link.c_str()) != 0)
     fail("cannot update " + link + ": " + std::strerror(errno));
+  // The oldest beyond `keep` go, never the one model.bin now names: after a resume from an earlier
+  // checkpoint, newer names left by the killed run may sort after it.
   std::vector<std::string> all = list_checkpoints(dir);
-  for (size_t i = 0; i + keep < all.size(); ++i) std::remove(all[i].c_str());
+  for (size_t i = 0; i + keep < all.size(); ++i)
+    if (all[i] != path) std::remove(all[i].c_str());
+  if (DIR* d = opendir(dir.c_str())) {  // what a write killed half-way left: ckpt-*.bin.tmp
+    while (dirent* e = readdir(d)) {
+      const std::string n = e->d_name;
+      if (n.rfind("ckpt-", 0) == 0 && n.size() > 8 && n.compare(n.size() - 8, 8, ".bin.tmp") == 0) std::remove((dir + "/" + n).c_str());
+    }
+    closedir(d);
+  }
   return path;
 }
 
@@ -484,6 +504,7 @@ void limit_openmp_spinning(char** argv) {
 int main(int argc, char** argv) {
   limit_openmp_spinning(argv);
   Options o = parse(argc, argv);
+  std::signal(SIGXFSZ, SIG_IGN);  // past a file-size limit (ulimit -f) a write fails with EFBIG instead of killing us
   if (o.device.empty()) o.device = gpu_available() && !gpu_emulated() ? "cuda" : "cpu";
   Corpus corpus = load_corpus(o);
   Config cfg = build_config(o, corpus.numbers);
@@ -575,13 +596,41 @@ int main(int argc, char** argv) {
       fail(e.what());
     }
   }
-  std::printf("model: N=%d D=%d F=%d H=%d V=%d, %s, %.2fM parameters, dropout %.2f, label smoothing %.2f, device %s%s\n", cfg.N,
-              cfg.D, cfg.F, cfg.H, cfg.V, cfg.pre_ln ? "pre-LN" : "post-LN", m.params.size() / 1e6, cfg.p_drop, cfg.eps_ls,
-              o.device.c_str(), o.device == "cuda" ? (" (" + gpu_name() + (o.tf32 ? ", TF32)" : ")")).c_str() : "");
-
   const std::vector<std::vector<int>> batches = length_batches(train, o.batch_tokens);
   std::printf("batches: %zu per epoch, about %d source and %d target tokens each [§5.1]; run folder %s\n", batches.size(),
               o.batch_tokens, o.batch_tokens, o.out.c_str());
+  if (st.batch >= (long)batches.size())
+    fail("--resume: the checkpoint stopped after batch " + std::to_string(st.batch) + " of an epoch, but this run has " +
+         std::to_string(batches.size()) + " batches per epoch: resume with the first run's --batch-tokens");
+
+  // Memory, known before the first step: the largest batch's step must fit (on the CPU; the GPU path says
+  // so itself when it runs out). Then one step on that batch, without an update, measures the peak.
+  size_t need = 0, largest = 0;
+  for (size_t i = 0; i < batches.size(); ++i) {
+    size_t S = 0, T = 0;
+    for (int p : batches[i]) S = std::max(S, train[p].src.size() + 1), T = std::max(T, train[p].tgt.size() + 1);
+    const size_t bytes = training_bytes(cfg, (int)batches[i].size(), (int)S, (int)T);
+    if (bytes > need) need = bytes, largest = i;
+  }
+  const size_t available = available_memory();
+  if (o.device == "cpu" && need > available)
+    fail("a batch of --batch-tokens " + std::to_string(o.batch_tokens) + " needs " + std::to_string(need >> 20) +
+         " MB for the parameters, Adam's state and the activations, but " + std::to_string(available >> 20) +
+         " MB are available: lower --batch-tokens (or --max-len)");
+  {
+    const Batch b = to_batch(train, batches[largest]);
+    zero_grad(m);
+    transformer_forward(m, b, true);
+    transformer_backward(m, b, true);
+    synchronize_device(m);
+  }
+  struct rusage usage;
+  getrusage(RUSAGE_SELF, &usage);
+  std::printf("model: N=%d D=%d F=%d H=%d V=%d, %s, %.2fM parameters, dropout %.2f, label smoothing %.2f, device %s%s; "
+              "peak %smemory %.0f MB (a step on the largest batch)\n",
+              cfg.N, cfg.D, cfg.F, cfg.H, cfg.V, cfg.pre_ln ? "pre-LN" : "post-LN", m.params.size() / 1e6, cfg.p_drop, cfg.eps_ls,
+              o.device.c_str(), o.device == "cuda" ? (" (" + gpu_name() + (o.tf32 ? ", TF32)" : ")")).c_str() : "",
+              o.device == "cuda" ? "host " : "", usage.ru_maxrss / 1024.0);
 
   // the log: rows of an interrupted run before the resume point are kept
   const std::string csv_path = o.out + "/log.csv";
@@ -627,7 +676,12 @@ int main(int argc, char** argv) {
   const long total_steps = o.epochs * (long)batches.size();
   const long step_limit = o.max_steps > 0 ? std::min(o.max_steps, total_steps) : total_steps;
   double window_tokens = 0, window_seconds = 0;
-  std::string last_good;
+  std::string last_good;  // the newest complete checkpoint: on a resume, the one model.bin names
+  if (o.resume) {
+    char target[512];
+    const ssize_t n = readlink((o.out + "/model.bin").c_str(), target, sizeof target - 1);
+    last_good = n > 0 ? o.out + "/" + std::string(target, n) : o.out + "/model.bin";
+  }
   auto validate = [&](LogRow& row) {
     Evaluation e = evaluate(m, val, corpus.val, tok, o.batch_tokens, o.val_sentences, corpus.numbers);
     row.val_loss = e.loss, row.val_bleu = e.bleu, row.val_exact = e.exact;
@@ -680,7 +734,7 @@ int main(int argc, char** argv) {
       }
       if (std::chrono::duration<double>(now - last_checkpoint).count() > o.checkpoint_minutes * 60 && reason.empty()) {
         st.elapsed = elapsed();
-        last_good = save_checkpoint(o.out, m, tok.hash(), st, o.keep);
+        last_good = save_checkpoint(o.out, m, tok.hash(), st, o.keep, last_good);
         write_csv();
         last_checkpoint = now;
       }
@@ -690,7 +744,7 @@ int main(int argc, char** argv) {
   st.elapsed = elapsed();
   std::printf("stopped: %s at step %ld (epoch %.2f) after %s\n", reason.c_str(), m.step, st.epoch + (double)st.batch / batches.size(),
               clock_text(st.elapsed).c_str());
-  last_good = save_checkpoint(o.out, m, tok.hash(), st, o.keep);
+  last_good = save_checkpoint(o.out, m, tok.hash(), st, o.keep, last_good);
   if (!interrupted && (rows.empty() || std::isnan(rows.back().val_loss))) {  // the final figures on the validation split
     LogRow row{m.step, st.epoch + (double)st.batch / batches.size(), NAN, NAN, NAN, NAN, NAN, NAN};
     if (!rows.empty()) row.loss = rows.back().loss, row.lr = rows.back().lr, row.tok_per_s = rows.back().tok_per_s;

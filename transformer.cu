@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <numeric>
@@ -16,7 +17,8 @@
 #include <type_traits>
 #include <utility>
 
-#include <unistd.h>  // fsync
+#include <sys/resource.h>  // getrlimit
+#include <unistd.h>        // fsync, sysconf
 
 // ---- configuration ---------------------------------------------------------------------------------
 
@@ -35,8 +37,10 @@ void Config::validate() const {
   need(eps_ls >= 0 && eps_ls < 1, "label smoothing must be in [0, 1)");
   need(ln_eps > 0, "LayerNorm epsilon must be > 0");
   need(warmup >= 1, "warmup steps must be >= 1");
-  need(lr_scale > 0, "learning-rate scale must be > 0");
-  need(clip_norm >= 0, "clip norm must be >= 0 (0 = off)");
+  need(lr_scale > 0 && std::isfinite(lr_scale), "learning-rate scale must be > 0");
+  need(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1, "Adam's betas must be in [0, 1)");
+  need(adam_eps > 0 && std::isfinite(adam_eps), "Adam's epsilon must be > 0");
+  need(clip_norm >= 0 && std::isfinite(clip_norm), "clip norm must be >= 0 (0 = off)");
 }
 
 Config config_preset(const std::string& name) {
@@ -1109,6 +1113,31 @@ template <typename T> double transformer_update(Transformer<T>& m) {
   return lr;
 }
 
+// ---- memory: what training takes and what is available (decoding_bytes is beside start_decoding) ----
+
+size_t training_bytes(const Config& c, int B, int S, int T) {
+  Activations<float> a;
+  return sizeof(float) * (4 * parameter_layout<float>(c, nullptr, nullptr, nullptr) + carve_activations<float>(a, c, B, S, T, nullptr));
+}
+
+size_t available_memory() {
+  size_t available = SIZE_MAX;
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  size_t kb;
+  while (meminfo >> key >> kb)
+    if (key == "MemAvailable:") available = kb * 1024;
+    else meminfo.ignore(1 << 10, '\n');
+  struct rlimit limit;
+  std::ifstream status("/proc/self/statm");
+  size_t pages = 0;
+  if (getrlimit(RLIMIT_AS, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY && (status >> pages)) {
+    const size_t used = pages * (size_t)sysconf(_SC_PAGESIZE);
+    available = std::min(available, limit.rlim_cur > used ? (size_t)limit.rlim_cur - used : 0);
+  }
+  return available;
+}
+
 // ---- §6 decoding: the decoder one position at a time, with K/V caches ------------------------------
 
 double length_penalty(int length, double alpha) { return std::pow((5.0 + length) / 6.0, alpha); }
@@ -1191,6 +1220,16 @@ static DecoderCache<Ops, T> start_decoding(const DecodingModel<T>& dm, const std
   k.row_source.resize(B);
   std::iota(k.row_source.begin(), k.row_source.end(), 0);
   return k;
+}
+
+size_t decoding_bytes(const Config& c, int sources, int S, int capacity, int rows) {
+  Activations<float> a;  // the encoder runs as a batch with a one-position decoder input (encoder_batch)
+  const size_t encoder = carve_activations<float>(a, c, sources, S, 1, nullptr);
+  const size_t n = (size_t)sources * S * c.D, cache = (size_t)rows * capacity * c.D, RD = (size_t)rows * c.D;
+  // start_decoding's buffers, in its order (floats), and beam_search's log-probabilities on the host
+  const size_t floats = c.N * (2 * n + 2 * cache) + cache + 4 * RD + (size_t)rows * c.H * std::max(capacity, S) +
+                        2 * (size_t)rows * c.F + (size_t)rows * c.V + 2 * (4 * RD + 2 * (size_t)rows) + (size_t)rows * c.V;
+  return sizeof(float) * (encoder + floats) + 2 * (size_t)rows * capacity + sizeof(int) * rows;
 }
 
 // Keeps the rows `parent` names (a row may be kept several times), in that order: beams reordered.
@@ -1553,7 +1592,17 @@ std::unique_ptr<Transformer<float>> checkpoint_load(const std::string& path, Che
     throw std::runtime_error(path + ": checkpoint format version " + std::to_string(version) + ", this program reads version " +
                              std::to_string(kCheckpointVersion));
   Config c;
-  config_fields(c, [&](const char*, auto& x) { get(x); });
+  config_fields(c, [&](const char* name, auto& x) {
+    using Field = std::decay_t<decltype(x)>;
+    if constexpr (std::is_same_v<Field, bool> || std::is_enum_v<Field>) {  // read as bytes, checked before use
+      typename std::conditional_t<std::is_enum_v<Field>, std::underlying_type<Field>, std::common_type<uint8_t>>::type raw;
+      get(raw);
+      if (raw != 0 && raw != 1) throw std::runtime_error(path + ": not a checkpoint of this program (" + name + " is " + std::to_string(raw) + ")");
+      x = static_cast<Field>(raw);
+    } else {
+      get(x);
+    }
+  });
   CheckpointMeta mt;
   long step;
   uint64_t seed, n;
@@ -1572,14 +1621,24 @@ std::unique_ptr<Transformer<float>> checkpoint_load(const std::string& path, Che
   } catch (const std::invalid_argument& e) {
     throw std::runtime_error(path + ": " + e.what());
   }
+  if (has_adam > 1 || step < 0 || mt.train.epoch < 0 || mt.train.batch < 0 || mt.train.tokens < 0 || !(mt.train.elapsed >= 0))
+    throw std::runtime_error(path + ": not a checkpoint of this program (impossible training state)");
+  // The configuration's size is checked before anything is allocated, so a header cannot ask for more
+  // memory than the file holds: the embedding (V x D) and every layer's D x D and D x F weights are each
+  // part of the n parameters, and there are N layers; then the exact count.
+  const bool fits = (uint64_t)c.N <= n && (uint64_t)c.V * c.D <= n && (uint64_t)c.D * c.D <= n && (uint64_t)c.D * c.F <= n;
+  if (!fits || parameter_layout<float>(c, nullptr, nullptr, nullptr) != n)
+    throw std::runtime_error(path + ": parameter count does not match its configuration");
   auto m = std::make_unique<Transformer<float>>(c, seed);
-  if (m->params.size() != n) throw std::runtime_error(path + ": parameter count does not match its configuration");
-  auto get_array = [&](std::vector<float>& v) {
+  auto get_array = [&](std::vector<float>& v, bool adam_v) {
     std::memcpy(v.data(), buf.data() + at, n * sizeof(float));
     at += n * sizeof(float);
+    for (float x : v)
+      if (!std::isfinite(x) || (adam_v && x < 0))
+        throw std::runtime_error(path + ": a parameter or optimizer value is " + std::to_string(x) + " (the checkpoint is corrupt)");
   };
-  get_array(m->params);
-  if (has_adam) get_array(m->adam_m), get_array(m->adam_v);
+  get_array(m->params, false);
+  if (has_adam) get_array(m->adam_m, false), get_array(m->adam_v, true);
   m->step = step;
   mt.step = step;
   mt.has_adam = has_adam;

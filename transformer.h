@@ -287,6 +287,17 @@ int checkpoint_average(const std::vector<std::string>& paths, const std::string&
 // Names the first field in which two configurations differ ("" when they are the same).
 std::string config_difference(const Config& a, const Config& b);
 
+// ---- memory: what a run will take, known before it allocates -------------------------------------------
+// Bytes to train a model of this configuration on a batch of B sentences of S source and T target
+// positions: the parameters, their gradients, Adam's m and v, and the activation arena (floats).
+size_t training_bytes(const Config& c, int B, int S, int T);
+// Bytes decoding takes on the CPU for `sources` sentences of up to S tokens with `rows` hypotheses of up
+// to `capacity` positions: the encoder's activations, the K/V caches and a step's scratch.
+size_t decoding_bytes(const Config& c, int sources, int S, int capacity, int rows);
+// Bytes this process can still allocate: the system's available memory (MemAvailable), or less under an
+// address-space limit (ulimit -v).
+size_t available_memory();
+
 // ---- the sub-layers on the CPU: the reference definitions ---------------------------------------------
 namespace cpu {
 

@@ -189,24 +189,6 @@ void write_attention_svg(const std::string& path, Transformer<float>& m, const T
   if (!svg.flush()) fail("cannot write " + path);
 }
 
-// ---- reading input ------------------------------------------------------------------------------------
-
-std::vector<std::string> read_lines_from(std::istream& in) {
-  std::vector<std::string> lines;
-  std::string line;
-  while (std::getline(in, line)) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    lines.push_back(line);
-  }
-  return lines;
-}
-
-std::vector<std::string> read_lines(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot read " + path + ": " + std::strerror(errno));
-  return read_lines_from(in);
-}
-
 std::string directory_of(const std::string& path) {
   size_t slash = path.find_last_of('/');
   return slash == std::string::npos ? "." : path.substr(0, slash);
@@ -218,7 +200,7 @@ int main(int argc, char** argv) {
   Options o = parse(argc, argv);
   try {
     if (!o.score.empty()) {  // BLEU of a file, no model
-      std::vector<std::string> hyps = read_lines(o.score), refs = read_lines(o.ref);
+      std::vector<std::string> hyps = read_text_lines(o.score), refs = read_text_lines(o.ref);
       if (hyps.size() != refs.size())
         fail(o.score + " has " + std::to_string(hyps.size()) + " lines but " + o.ref + " has " + std::to_string(refs.size()));
       BleuScore s = corpus_bleu(hyps, refs, o.lowercase);
@@ -234,30 +216,26 @@ int main(int argc, char** argv) {
       fail(vocab_path + " is not the vocabulary " + o.model + " was trained with (hash mismatch)");
     if (tok.vocab_size() != m.cfg.V)
       fail(vocab_path + " has " + std::to_string(tok.vocab_size()) + " tokens but the model has " + std::to_string(m.cfg.V));
+    // Options that would only make work explode are refused or capped here, with one line each.
+    const int predictable = m.cfg.V - 2;  // decoding never predicts <pad> or <s>
+    if (!o.greedy && o.decode.beam > predictable)
+      fail("--beam " + std::to_string(o.decode.beam) + " is more than the " + std::to_string(predictable) +
+           " tokens the model can predict: choose at most that many");
+    if (o.decode.max_extra >= m.cfg.max_len)
+      std::fprintf(stderr, "translate: warning: --max-extra %d cannot be met: outputs stop at the model's max_len of %d tokens\n",
+                   o.decode.max_extra, m.cfg.max_len);
     if (o.device.empty()) o.device = gpu_available() && !gpu_emulated() ? "cuda" : "cpu";
     if (o.device == "cuda") transformer_to_device(m, Device::cuda);  // decoding and its K/V caches on the GPU
     if (o.batch < 0) o.batch = o.device == "cuda" ? 200 : 32;
 
     // Encode everything first: a bad line stops the run before any output is written.
     const std::string input_name = o.input.empty() ? "stdin" : o.input;
-    std::vector<std::string> lines = o.input.empty() ? read_lines_from(std::cin) : read_lines(o.input);
-    std::vector<std::vector<int>> src(lines.size());
-    const int max_src = m.cfg.max_len - 1;  // room for </s>
-    for (size_t i = 0; i < lines.size(); ++i) {
-      try {
-        src[i] = tok.encode(lines[i]);
-      } catch (const InvalidUtf8& e) {
-        fail(input_name + ":" + std::to_string(i + 1) + ": invalid UTF-8 at byte " + std::to_string(e.offset));
-      }
-      if ((int)src[i].size() > max_src) {
-        std::fprintf(stderr, "translate: warning: %s:%zu: %zu tokens, truncated to the model's maximum of %d\n",
-                     input_name.c_str(), i + 1, src[i].size(), max_src);
-        src[i].resize(max_src);
-      }
-    }
+    std::vector<std::string> lines = read_text_lines(o.input.empty() ? "-" : o.input), warnings;
+    const std::vector<std::vector<int>> src = encode_lines(tok, lines, input_name, m.cfg.max_len - 1, &warnings);  // room for </s>
+    for (const std::string& w : warnings) std::fprintf(stderr, "translate: warning: %s\n", w.c_str());
     std::vector<std::string> refs;
     if (!o.ref.empty()) {
-      refs = read_lines(o.ref);
+      refs = read_text_lines(o.ref);
       if (refs.size() != lines.size())
         fail(o.ref + " has " + std::to_string(refs.size()) + " lines but the input has " + std::to_string(lines.size()));
     }
@@ -267,6 +245,24 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < src.size(); ++i)
       if (!src[i].empty()) order.push_back(i);
     std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return src[a].size() < src[b].size(); });
+    if (o.device == "cpu" && !order.empty()) {  // as many sentences at a time as memory holds
+      const int rows_each = o.greedy ? 1 : o.decode.beam, longest = (int)src[order.back()].size();
+      auto bytes = [&](size_t sentences) {
+        return decoding_bytes(m.cfg, (int)sentences, longest + 1, max_output_length(m.cfg, longest, o.decode.max_extra),
+                              (int)sentences * rows_each);
+      };
+      const size_t available = available_memory(), wanted = std::min((size_t)o.batch, order.size());
+      if (bytes(1) > available)
+        fail("decoding one sentence of " + std::to_string(longest) + " tokens with beam " + std::to_string(rows_each) + " needs " +
+             std::to_string(bytes(1) >> 20) + " MB, but " + std::to_string(available >> 20) + " MB are available: lower --beam");
+      size_t fits = wanted;
+      while (bytes(fits) > available) fits /= 2;
+      if (fits < wanted) {
+        std::fprintf(stderr, "translate: warning: --batch %zu needs %zu MB with beam %d, %zu MB are available: decoding %zu sentences at a time\n",
+                     wanted, bytes(wanted) >> 20, rows_each, available >> 20, fits);
+        o.batch = (int)fits;
+      }
+    }
     std::vector<std::vector<Hypothesis>> result(src.size());
     const auto t0 = std::chrono::steady_clock::now();
     for (size_t at = 0; at < order.size(); at += o.batch) {

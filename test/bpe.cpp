@@ -253,6 +253,14 @@ static int unit_tests() {
   ck.expect(load_fails(b, text.substr(0, text.size() / 2), "truncated"), "a truncated vocabulary is refused");
   ck.expect(load_fails(b, "bpe-vocabulary 9\n" + text.substr(text.find('\n') + 1), "version"), "another version is refused");
   ck.expect(load_fails("no/such/dir/x.vocab", "", "cannot"), "a missing file is refused");
+  // fuzz_vocab found "280\xD9x" read as id 280 with the piece "\xD9x", which decoded to invalid UTF-8
+  const std::string last_id = std::to_string(h.vocab_size() - 1) + " ";
+  const size_t last_at = text.rfind("\n" + last_id) + 1;
+  std::string glued = text, not_utf8 = text;
+  glued.replace(last_at + last_id.size() - 1, 1, "\xD9");
+  not_utf8.insert(last_at + last_id.size(), "\xD9");
+  ck.expect(load_fails(b, glued, "expected '" + last_id + "PIECE'"), "a piece glued to its id is refused");
+  ck.expect(load_fails(b, not_utf8, "the piece is not UTF-8 (invalid UTF-8 at byte 0)"), "a piece that is not UTF-8 is refused");
   std::remove(a.c_str());
   std::remove(b.c_str());
   return ck.finish();

@@ -1,7 +1,10 @@
 // checkpoint: the checkpoint file (transformer.h, "checkpoints"): a round trip keeps the configuration,
 // every parameter, Adam's state, the step, seed and training state bit for bit; averaging (§6) gives the
-// element-wise mean; a corrupted, truncated, foreign or other-version file is refused with a message.
+// element-wise mean; a corrupted, truncated, foreign or other-version file is refused with a message, and so
+// is one whose checksum is right but whose header declares sizes the file does not hold.
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <stdexcept>
@@ -93,6 +96,40 @@ int main() {
   ck.expect(refused(bad, "version 99"), "another format version");
   spit(bad, "");
   ck.expect(refused(bad, "not a checkpoint"), "an empty file");
+  // Headers that pass the checksum (resealed here) but lie: the loader must refuse them before it
+  // allocates anything (fuzz_checkpoint tries many more). Offsets: magic 8, version 4, then N, D, F, H, V
+  // (int32 each), max_len, 5 doubles, ls_form (int32), ln_eps, pre_ln (1 byte).
+  auto resealed = [&](std::string b) {
+    uint64_t h = 0xCBF29CE484222325ull;
+    for (size_t i = 0; i + 8 < b.size(); ++i) h = (h ^ (unsigned char)b[i]) * 0x100000001B3ull;
+    std::memcpy(&b[b.size() - 8], &h, 8);
+    return b;
+  };
+  auto with_int = [&](size_t at, int32_t v) {
+    std::string b = good;
+    std::memcpy(&b[at], &v, 4);
+    return resealed(b);
+  };
+  spit(bad, resealed(good));
+  ck.expect(checkpoint_load(bad, nullptr)->params == a.params, "resealing an unchanged file keeps it loadable");
+  spit(bad, with_int(16, 1 << 20));  // D = 2^20: an embedding of V x 2^20 floats the file does not hold
+  ck.expect(refused(bad, "parameter count does not match"), "a header declaring d_model 2^20");
+  spit(bad, with_int(12, 1 << 30));  // N = 2^30 layers
+  ck.expect(refused(bad, "parameter count does not match"), "a header declaring 2^30 layers");
+  spit(bad, with_int(16, -4));
+  ck.expect(refused(bad, "d_model"), "a negative d_model");
+  const size_t ls_form_at = 12 + 6 * 4 + 4 * 8;
+  spit(bad, with_int(ls_form_at, 7));
+  ck.expect(refused(bad, "ls_form is 7"), "an unknown label-smoothing form");
+  std::string pre_ln = good;
+  pre_ln[ls_form_at + 4 + 8] = 2;  // a bool holding 2
+  spit(bad, resealed(pre_ln));
+  ck.expect(refused(bad, "pre_ln is 2"), "a bool that is neither 0 nor 1");
+  std::string nan_param = good;
+  const float nan = NAN;
+  std::memcpy(&nan_param[good.size() - 8 - 3 * a.params.size() * sizeof(float)], &nan, sizeof nan);
+  spit(bad, resealed(nan_param));
+  ck.expect(refused(bad, "is nan"), "a NaN parameter");
   ck.expect(config_difference(c, c).empty() && config_difference(c, other) == "pre_ln 1 vs 0", "config_difference names the field");
   for (const std::string& f : {p, q, r, bad}) std::remove(f.c_str());
   return ck.finish();

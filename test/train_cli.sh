@@ -44,13 +44,14 @@ fi
 # 3. Ctrl-C, averaging
 "$train" "${common[@]}" --time-limit 60 --checkpoint-every 0.01 --average 3 --out interrupted > int.log 2>&1 &
 pid=$!
-sleep 4
+for _ in $(seq 1 600); do [ -e interrupted/model.bin ] && break; sleep 0.1; done  # training has begun (under load, later than 4 s)
 kill -INT $pid
 wait $pid
 rc=$?
 check "Ctrl-C exits 0 (got $rc)" test $rc -eq 0
 check "Ctrl-C is reported" grep -q "interrupted (Ctrl-C)" int.log
-check "Ctrl-C leaves a checkpoint" test -e interrupted/model.bin
+stopped_at=$(sed -n 's/^stopped: interrupted (Ctrl-C) at step \([0-9]*\) .*/\1/p' int.log)
+check "Ctrl-C leaves a checkpoint of the step it stopped at ($stopped_at)" test "$(readlink interrupted/model.bin)" = "$(printf 'ckpt-%010d.bin' "${stopped_at:-0}")"
 "$train" "${common[@]}" --max-steps 30 --checkpoint-every 0.002 --average 3 --out averaged > avg.log 2>&1
 check "averaging is reported" grep -q "averaged the last 3 checkpoints" avg.log
 check "the averaged model translates" sh -c "echo 'twenty-one' | '$root/translate' -m averaged/averaged.bin --vocab averaged/vocab.bpe > /dev/null"
@@ -71,10 +72,15 @@ expect_error "invalid UTF-8 names file and line" "train.de:2: invalid UTF-8 at b
 check "empty and over-long pairs are skipped and counted" grep -q "skipped 1 with an empty side, 1 longer than 15 tokens" skip.log
 expect_error "unwritable --out" "cannot write to --out" "$train" "${common[@]}" --max-steps 1 --out /proc/no/such
 expect_error "resume with another configuration" "another configuration (N 2 vs 3)" "$train" "${common[@]}" --max-steps 41 --out resumed --resume --layers 3
+expect_error "resume with another --batch-tokens" "stopped after batch .* resume with the first run's --batch-tokens" \
+  "$train" "${common[@]}" --seed 3 --max-steps 41 --out resumed --resume --batch-tokens 100000
 cp short/vocab.bpe resumed/vocab.bpe.other
 "$train" "${common[@]}" --merges 10 --max-steps 1 --out othervocab > /dev/null 2>&1
 cp othervocab/vocab.bpe resumed/vocab.bpe
 expect_error "resume with another vocabulary" "another vocabulary" "$train" "${common[@]}" --max-steps 41 --out resumed --resume
+expect_error "a batch that cannot fit in memory" "a batch of --batch-tokens 10000000 needs .* MB .* lower --batch-tokens" \
+  "$train" "${common[@]}" --config big --batch-tokens 10000000 --max-steps 1 --out hugebatch
+check "the model line reports the peak memory of a step" grep -Eq "^model: .*; peak memory [0-9]+ MB \(a step on the largest batch\)$" short.log
 expect_error "unknown option" "unknown option '--bogus'" "$train" --bogus
 expect_error "--tf32 on the CPU" "--tf32 is a GPU option" "$train" "${common[@]}" --max-steps 1 --out tf32run --device cpu --tf32
 expect_error "bad number" "--max-steps needs an integer" "$train" --max-steps -5

@@ -29,13 +29,11 @@ check "n-best lines are 'LINE ||| text ||| score ||| logprob'" grep -q '^1 ||| .
 "$translate" "${m[@]}" --attention att.svg < in.txt > /dev/null 2> att.log
 check "attention SVG written with every map" test "$(grep -c 'attention, layer' att.svg)" -eq 24
 # --score equals the library call (bleu_golden checks the library prints this very line)
-golden="$root/../shared/golden/bleu"
-if [ -f "$golden/hyp_small_test2016.de" ] && [ -f "$root/../shared/data/multi30k/test_2016_flickr.de.gz" ]; then
-  gzip -dc "$root/../shared/data/multi30k/test_2016_flickr.de.gz" > ref.de
-  "$translate" --score "$golden/hyp_small_test2016.de" --ref ref.de > score.txt
-  check "--score prints sacreBLEU's line" test "$(sed -n 1p score.txt)" = "BLEU = 33.93 63.0/39.7/27.6/19.2 (BP = 1.000 ratio = 1.059 hyp_len = 12816 ref_len = 12106)"
-  check "--score prints the signature" test "$(sed -n 2p score.txt)" = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"
-fi
+golden="$root/test/golden/bleu"
+gzip -dc "$golden/test_2016_flickr.de.gz" > ref.de
+"$translate" --score "$golden/hyp_small_test2016.de" --ref ref.de > score.txt
+check "--score prints sacreBLEU's line" test "$(sed -n 1p score.txt)" = "BLEU = 33.93 63.0/39.7/27.6/19.2 (BP = 1.000 ratio = 1.059 hyp_len = 12816 ref_len = 12106)"
+check "--score prints the signature" test "$(sed -n 2p score.txt)" = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"
 "$translate" "${m[@]}" -i in.txt --greedy --stats > /dev/null 2> stats.log
 check "--stats: one line with the counts and speeds" \
   grep -Eq "^translate: 3 sentences, [0-9]+ target tokens in [0-9.]+ s on (cpu|cuda) \(greedy\): [0-9.]+ sentences/s, [0-9]+ tokens/s$" stats.log
@@ -61,6 +59,21 @@ if on_cuda_or_error "--device cuda without a GPU" "$translate" "${m[@]}" --devic
   check "--device cuda translates as the CPU does" cmp -s out.txt cpu.txt
 fi
 expect_error "--n-best above --beam" "--n-best must be between 1 and --beam" "$translate" "${m[@]}" --n-best 5
+V=$(sed -n 's/.* V=\([0-9]*\),.*/\1/p' train.log)
+expect_error "--beam beyond the vocabulary" "--beam 100000 is more than the $((V - 2)) tokens the model can predict" \
+  "$translate" "${m[@]}" --beam 100000 -i in.txt
+expect_error "--n-best beyond the vocabulary" "--beam 1000000 is more than" "$translate" "${m[@]}" --beam 1000000 --n-best 1000000 -i in.txt
+"$translate" "${m[@]}" --greedy --max-extra 1000 -i in.txt > extra.txt 2> extra.err
+check "--max-extra beyond max_len: one warning, still translated" \
+  sh -c "test \$(wc -l < extra.err) -eq 1 && grep -q 'max-extra 1000 cannot be met: outputs stop at the model.s max_len of 64' extra.err && test \$(wc -l < extra.txt) -eq 6"
+for i in $(seq 1 40); do echo "three hundred and twenty-four thousand nine hundred and one"; done > forty.txt
+if ldd "$translate" | grep -q libasan; then  # AddressSanitizer reserves terabytes of address space: no ulimit -v
+  echo "translate_cli: a sanitizer build: the memory cap under ulimit -v is checked by the plain build only"
+else
+  ( ulimit -v 600000; exec "$translate" "${m[@]}" --device cpu --beam $((V - 2)) --batch 40 -i forty.txt > capped.txt 2> capped.err )
+  check "a batch that cannot fit is cut down with one warning ($(cat capped.err))" \
+    sh -c "test \$(wc -l < capped.err) -eq 1 && grep -q 'decoding [0-9]* sentences at a time' capped.err && test \$(wc -l < capped.txt) -eq 40"
+fi
 long=$(printf 'nine %.0s' {1..100})
 echo "$long" | "$translate" "${m[@]}" > long.txt 2> long.err
 check "an over-long line is truncated with a warning" grep -q "stdin:1: .* tokens, truncated to the model's maximum of 63" long.err
