@@ -15,6 +15,7 @@
 #include <queue>
 #include <set>
 #include <sstream>
+#include <unistd.h>  // fsync
 
 namespace {
 
@@ -163,6 +164,19 @@ std::vector<std::string> read_text_lines(const std::string& path) {
   }
   if (in.bad()) throw std::runtime_error("error reading " + path);
   return lines;
+}
+
+void write_file_atomically(const std::string& path, const std::string& bytes) {
+  const std::string tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) throw std::runtime_error("cannot write " + tmp + ": " + std::strerror(errno));
+  bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size() && std::fflush(f) == 0 && fsync(fileno(f)) == 0;
+  ok = std::fclose(f) == 0 && ok;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp.c_str());
+    throw std::runtime_error("cannot write " + path + ": " + std::strerror(err));
+  }
 }
 
 // ---- normalisation ------------------------------------------------------------------------------------
@@ -462,12 +476,7 @@ void Tokenizer::save(const std::string& path) const {
   for (auto [l, r] : merges_) s << escape(vocab_[l]) << " " << escape(vocab_[r]) << "\n";
   s << "vocabulary " << vocab_.size() << "\n";
   for (size_t i = 0; i < vocab_.size(); ++i) s << i << " " << escape(vocab_[i]) << "\n";
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary);
-    if (!f || !(f << s.str()) || !f.flush()) throw std::runtime_error("cannot write " + tmp);
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw std::runtime_error("cannot rename " + tmp + " to " + path);
+  write_file_atomically(path, s.str());
 }
 
 Tokenizer Tokenizer::load(const std::string& path) {

@@ -22,6 +22,11 @@
 // Throws std::runtime_error naming the file when it cannot be read.
 std::vector<std::string> read_text_lines(const std::string& path);
 
+// Writes `bytes` to PATH atomically: a temporary file beside it, flushed and synced, then renamed over
+// PATH, so a reader (or a crash) sees the old file or the new one, never half of one. Throws
+// std::runtime_error naming PATH when it cannot.
+void write_file_atomically(const std::string& path, const std::string& bytes);
+
 // Invalid UTF-8 in the input: what() names the byte offset; callers add the file and line.
 struct InvalidUtf8 : std::runtime_error {
   size_t offset;
