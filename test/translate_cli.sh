@@ -49,6 +49,11 @@ check "one head is drawn larger ($(cell one.svg) px cells) than all ($(cell att.
   awk -v a="$(cell one.svg)" -v b="$(cell att.svg)" 'BEGIN { exit !(a > b) }'
 
 # interactive: at a terminal (pseudo-terminal) and with --interactive through pipes
+printf 'nine\nbad \xff line\nseven\n' | "$translate" "${m[@]}" --interactive > bad_interactive.txt 2> err.txt
+rc=$?
+check "--interactive: a line that is not UTF-8 is reported, its output line left empty, exit 1 (exit $rc)" \
+  sh -c "[ $rc -eq 1 ] && grep -q 'stdin:2: invalid UTF-8 at byte 4' err.txt && [ \"\$(sed -n 2p bad_interactive.txt)\" = '' ] &&
+         [ -n \"\$(sed -n 3p bad_interactive.txt)\" ] && [ \$(wc -l < bad_interactive.txt) -eq 3 ]"
 check "interactive translation, line by line" python3 "$root/test/interactive.py" "$translate" run/model.bin \
   "three hundred and twenty-four" "seventy-one" "nine"
 # --score equals the library call (bleu_golden checks the library prints this very line)
