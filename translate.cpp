@@ -202,16 +202,16 @@ void write_attention_svg(const std::string& path, Transformer<float>& m, const T
   const Kind kinds[] = {{"encoder self-attention", S, S, &s_tok, &s_tok},
                         {"decoder self-attention", T, T, &t_tok, &t_tok},
                         {"encoder-decoder attention", T, S, &t_tok, &s_tok}};
-  // Sizes: cells fill about 1200 px per row of heads, between 12 px (long sentences, many heads) and 32 px
-  // (one head); a label's box (kAscent + kDescent of its font) fits its cell, and fonts stay 9 px or more.
-  const double cell = std::clamp(1200.0 / (heads.size() * std::max(S, T)), 12.0, 32.0);
-  const double font = std::min(0.75 * cell, 14.0), head_font = std::max(12.0, font), title_font = head_font + 2, pad = 12, gap = 24;
+  const double head_font = 13, title_font = 15, pad = 12, gap = 24;
   const std::string heading = "attention weights: a row per query, a column per key; white 0, blue 1";
   std::string body = svg_text(pad, pad + kAscent * 12, 12, heading);
   double width = svg_text_width(heading, 12), y = pad + (kAscent + kDescent) * 12 + gap;
   for (int kind = 0; kind < 3; ++kind)
     for (int l : layers) {
       const Kind& k = kinds[kind];
+      // Sizes: a row's cells fill about 1200 px, between 12 px (long sentences, many heads) and 32 px
+      // (one head); a label's box (kAscent + kDescent of its font) fits its cell; fonts 9 to 14 px.
+      const double cell = std::clamp(1200.0 / (heads.size() * std::max(k.rows, k.cols)), 12.0, 32.0), font = std::min(0.75 * cell, 14.0);
       double left = 0, top = 0;  // room for the query labels and for the key labels
       for (int i = 0; i < k.rows; ++i) left = std::max(left, svg_text_width(label_of((*k.q)[i]), font) + 6);
       for (int j = 0; j < k.cols; ++j) top = std::max(top, svg_text_width(label_of((*k.k)[j]), font) + 6);
