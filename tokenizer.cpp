@@ -15,6 +15,7 @@
 #include <queue>
 #include <set>
 #include <sstream>
+#include <unistd.h>  // fsync
 
 namespace {
 
@@ -171,10 +172,10 @@ std::vector<std::string> read_text_lines(const std::string& path) {
 }
 
 std::vector<std::vector<int>> encode_lines(const Tokenizer& tok, const std::vector<std::string>& lines, const std::string& name,
-                                           int max_tokens, std::vector<std::string>* warnings) {
+                                           int max_tokens, std::vector<std::string>* warnings, size_t first_line) {
   std::vector<std::vector<int>> out(lines.size());
   for (size_t i = 0; i < lines.size(); ++i) {
-    const std::string where = name + ":" + std::to_string(i + 1);
+    const std::string where = name + ":" + std::to_string(first_line + i);
     try {
       out[i] = tok.encode(lines[i]);
     } catch (const InvalidUtf8& e) {
@@ -187,6 +188,19 @@ std::vector<std::vector<int>> encode_lines(const Tokenizer& tok, const std::vect
     }
   }
   return out;
+}
+
+void write_file_atomically(const std::string& path, const std::string& bytes) {
+  const std::string tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) throw std::runtime_error("cannot write " + tmp + ": " + std::strerror(errno));
+  bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size() && std::fflush(f) == 0 && fsync(fileno(f)) == 0;
+  ok = std::fclose(f) == 0 && ok;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp.c_str());
+    throw std::runtime_error("cannot write " + path + ": " + std::strerror(err));
+  }
 }
 
 // ---- normalisation ------------------------------------------------------------------------------------
@@ -486,12 +500,7 @@ void Tokenizer::save(const std::string& path) const {
   for (auto [l, r] : merges_) s << escape(vocab_[l]) << " " << escape(vocab_[r]) << "\n";
   s << "vocabulary " << vocab_.size() << "\n";
   for (size_t i = 0; i < vocab_.size(); ++i) s << i << " " << escape(vocab_[i]) << "\n";
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary);
-    if (!f || !(f << s.str()) || !f.flush()) throw std::runtime_error("cannot write " + tmp);
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw std::runtime_error("cannot rename " + tmp + " to " + path);
+  write_file_atomically(path, s.str());
 }
 
 Tokenizer Tokenizer::load(const std::string& path) {

@@ -24,6 +24,11 @@
 std::vector<std::string> read_text_lines(const std::string& path);
 std::vector<std::string> read_lines(std::istream& in);  // the same, from a stream
 
+// Writes `bytes` to PATH atomically: a temporary file beside it, flushed and synced, then renamed over
+// PATH, so a reader (or a crash) sees the old file or the new one, never half of one. Throws
+// std::runtime_error naming PATH when it cannot.
+void write_file_atomically(const std::string& path, const std::string& bytes);
+
 // Invalid UTF-8 in the input: what() names the byte offset; callers add the file and line.
 struct InvalidUtf8 : std::runtime_error {
   size_t offset;
@@ -76,6 +81,7 @@ struct Tokenizer {
 
 // Sentences to translate, one a line (./translate's input), each encoded; an empty line stays empty. A line
 // that is not UTF-8 throws std::runtime_error "NAME:LINE: invalid UTF-8 at byte N"; a line of more than
-// max_tokens tokens is cut to max_tokens, with a one-line warning naming it added to *warnings.
+// max_tokens tokens is cut to max_tokens, with a one-line warning naming it added to *warnings. Lines are
+// numbered from first_line (an interactive session encodes one line at a time).
 std::vector<std::vector<int>> encode_lines(const Tokenizer& tok, const std::vector<std::string>& lines, const std::string& name,
-                                           int max_tokens, std::vector<std::string>* warnings);
+                                           int max_tokens, std::vector<std::string>* warnings, size_t first_line = 1);

@@ -24,6 +24,7 @@
 
 #include "bleu.h"
 #include "data/numbers.h"
+#include "svg.h"
 #include "tokenizer.h"
 #include "transformer.h"
 
@@ -309,8 +310,8 @@ std::vector<int> epoch_order(size_t n, uint64_t seed, long epoch) {
 struct Evaluation {
   double loss = NAN, bleu = NAN, exact = NAN;  // exact: % of sentences translated exactly
   int sentences = 0;
-  // Exact match where it is measured (the number corpus, whose German side is one word: BLEU's 2- to
-  // 4-grams do not exist there, so its BLEU is 0 by definition and is not shown); BLEU otherwise.
+  // Exact match on the number corpus, whose German side is one word: BLEU's 2- to 4-grams do not exist
+  // there, so its BLEU would be 0 by definition and is not measured (NaN); BLEU otherwise.
   std::string summary() const {
     char b[128];
     if (!std::isnan(exact)) std::snprintf(b, sizeof b, "exact match %.1f%% on %d sentences (greedy)", exact, sentences);
@@ -320,7 +321,7 @@ struct Evaluation {
 };
 
 // Loss over a split (dropout off), then greedy translations of its first `decode` sentences, scored with
-// sacreBLEU's BLEU against the original text; exact match on the number corpus.
+// sacreBLEU's BLEU against the original text, or exact match on the number corpus.
 Evaluation evaluate(Transformer<float>& m, const std::vector<Pair>& pairs, const Split& text, const Tokenizer& tok, int tokens,
                     int decode, bool exact) {
   Evaluation e;
@@ -349,8 +350,8 @@ Evaluation evaluate(Transformer<float>& m, const std::vector<Pair>& pairs, const
     }
   }
   e.sentences = (int)count;
-  e.bleu = corpus_bleu(hyps, refs).score;
   if (exact) e.exact = 100.0 * right / count;
+  else e.bleu = corpus_bleu(hyps, refs).score;
   return e;
 }
 
@@ -368,49 +369,103 @@ std::string fmt(double x, const char* f = "%.6g") {
   return b;
 }
 
-// Two panels drawn by hand: training and validation loss against steps; validation BLEU (and exact match).
+// Round tick values from 0 to at least `top`: steps of 1, 2 or 5 times a power of ten, at most `most` + 1 ticks.
+std::vector<double> nice_ticks(double top, int most) {
+  if (!(top > 0)) top = 1;
+  double step = std::pow(10.0, std::floor(std::log10(top / most)));
+  for (double f : {1.0, 2.0, 5.0, 10.0})
+    if (top / (step * f) <= most) {
+      step *= f;
+      break;
+    }
+  std::vector<double> ticks;
+  for (int k = 0; ticks.empty() || ticks.back() < top * (1 - 1e-9); ++k) ticks.push_back(k * step);
+  return ticks;
+}
+
+// The run's curves, drawn by hand: a panel of training and validation loss, a panel of validation BLEU
+// or exact match, each against steps. Validation is measured now and then: its values are points, joined
+// from one measurement to the next. A series never measured (BLEU on the number corpus, validation before
+// the first one) is not drawn and not in the legend; a panel with nothing measured is left out.
 void write_curves_svg(const std::string& path, const std::vector<LogRow>& rows) {
   if (rows.empty()) return;
-  const double W = 720, H = 260, L = 60, R = 20, T = 30, B = 40;
-  long max_step = 1;
-  double max_loss = 0;
-  for (const LogRow& r : rows) {
-    max_step = std::max(max_step, r.step);
-    max_loss = std::max({max_loss, r.loss, std::isnan(r.val_loss) ? 0 : r.val_loss});
+  struct Series { const char* name; const char* colour; double LogRow::*field; bool points; };
+  struct Panel { const char* title; const char* unit; std::vector<Series> series; };
+  std::vector<Panel> panels;
+  for (Panel p : {Panel{"loss", "loss per target token", {{"training loss", "#1f77b4", &LogRow::loss, false},
+                                                          {"validation loss", "#d62728", &LogRow::val_loss, true}}},
+                  Panel{"validation", "%", {{"BLEU", "#2ca02c", &LogRow::val_bleu, true},
+                                            {"exact match", "#9467bd", &LogRow::val_exact, true}}}}) {
+    std::vector<Series> measured;
+    for (const Series& s : p.series)
+      if (std::any_of(rows.begin(), rows.end(), [&](const LogRow& r) { return !std::isnan(r.*s.field); })) measured.push_back(s);
+    p.series = measured;
+    if (!p.series.empty()) panels.push_back(p);
   }
-  auto x = [&](long s) { return L + (W - L - R) * s / max_step; };
-  std::string svg = "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"720\" height=\"540\" font-family=\"sans-serif\" font-size=\"11\">\n"
+  const double W = 760, PH = 300, L = 90, R = 50, T = 50, B = 60;  // canvas width, panel height, plot margins
+  const double fs = 12, title_fs = 14;
+  long last_step = 1;
+  for (const LogRow& r : rows) last_step = std::max(last_step, r.step);
+  const std::vector<double> xticks = nice_ticks((double)last_step, 6);
+  auto x = [&](double step) { return L + (W - L - R) * step / xticks.back(); };
+  std::string out = "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + svg_number(W) + "\" height=\"" +
+                    svg_number(PH * panels.size()) + "\" font-family=\"DejaVu Sans, sans-serif\">\n"
                     "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  auto panel = [&](double y0, const char* title, double ymax, const std::vector<std::pair<const char*, std::pair<std::string, double LogRow::*>>>& series) {
-    svg += "<text x=\"" + fmt(L) + "\" y=\"" + fmt(y0 + 18) + "\" font-weight=\"bold\">" + title + "</text>\n";
-    svg += "<rect x=\"" + fmt(L) + "\" y=\"" + fmt(y0 + T) + "\" width=\"" + fmt(W - L - R) + "\" height=\"" + fmt(H - T - B) +
-           "\" fill=\"none\" stroke=\"#888\"/>\n";
-    for (int k = 0; k <= 4; ++k) {
-      double v = ymax * k / 4, yy = y0 + H - B - (H - T - B) * k / 4;
-      svg += "<text x=\"" + fmt(L - 4) + "\" y=\"" + fmt(yy + 4) + "\" text-anchor=\"end\">" + fmt(v, "%.3g") + "</text>\n";
+  for (size_t k = 0; k < panels.size(); ++k) {
+    const Panel& p = panels[k];
+    const double y0 = PH * k, bottom = y0 + PH - B;
+    double vmax = 0;
+    for (const Series& s : p.series)
+      for (const LogRow& r : rows)
+        if (!std::isnan(r.*s.field)) vmax = std::max(vmax, r.*s.field);
+    const std::vector<double> yticks = nice_ticks(vmax, 5);
+    auto y = [&](double v) { return bottom - (PH - T - B) * v / yticks.back(); };
+    // title, then the legend on the same line
+    out += svg_text(L, y0 + 24, title_fs, p.title, "start", true);
+    double at = L + svg_text_width(p.title, title_fs, true) + 30;
+    for (const Series& s : p.series) {
+      out += "<line x1=\"" + svg_number(at) + "\" y1=\"" + svg_number(y0 + 20) + "\" x2=\"" + svg_number(at + 20) + "\" y2=\"" +
+             svg_number(y0 + 20) + "\" stroke=\"" + s.colour + "\" stroke-width=\"2\"/>\n";
+      if (s.points) out += "<circle cx=\"" + svg_number(at + 10) + "\" cy=\"" + svg_number(y0 + 20) + "\" r=\"3\" fill=\"" + s.colour + "\"/>\n";
+      out += svg_text(at + 26, y0 + 24, fs, s.name, "start", false, false, s.colour);
+      at += 26 + svg_text_width(s.name, fs) + 20;
     }
-    svg += "<text x=\"" + fmt(W - R) + "\" y=\"" + fmt(y0 + H - B + 16) + "\" text-anchor=\"end\">step " + std::to_string(max_step) + "</text>\n";
-    int legend = 0;
-    for (const auto& [name, spec] : series) {
-      std::string pts;
+    // axes: a frame, grid lines at the ticks, tick labels, axis labels
+    out += "<rect x=\"" + svg_number(L) + "\" y=\"" + svg_number(y0 + T) + "\" width=\"" + svg_number(W - L - R) + "\" height=\"" +
+           svg_number(PH - T - B) + "\" fill=\"none\" stroke=\"#888\"/>\n";
+    for (double v : yticks) {
+      out += "<line x1=\"" + svg_number(L) + "\" y1=\"" + svg_number(y(v)) + "\" x2=\"" + svg_number(W - R) + "\" y2=\"" +
+             svg_number(y(v)) + "\" stroke=\"#ddd\"/>\n";
+      out += svg_text(L - 8, y(v) + fs * 0.35, fs, svg_number(v), "end");
+    }
+    for (double s : xticks) {
+      out += "<line x1=\"" + svg_number(x(s)) + "\" y1=\"" + svg_number(bottom) + "\" x2=\"" + svg_number(x(s)) + "\" y2=\"" +
+             svg_number(bottom + 4) + "\" stroke=\"#888\"/>\n";
+      out += svg_text(x(s), bottom + 6 + fs, fs, svg_number(s), "middle");
+    }
+    out += svg_text((L + W - R) / 2, bottom + 12 + 2 * fs + 6, fs, "step", "middle");
+    out += svg_text(L - 8 - 5 * fs - 8, (y0 + T + bottom) / 2, fs, p.unit, "middle", false, true);
+    // the series: a line through every measured value; validation values also as points
+    for (const Series& s : p.series) {
+      std::string pts, dots;
       for (const LogRow& r : rows) {
-        double v = r.*(spec.second);
+        const double v = r.*s.field;
         if (std::isnan(v)) continue;
-        pts += fmt(x(r.step), "%.1f") + "," + fmt(y0 + H - B - (H - T - B) * std::min(v, ymax) / ymax, "%.1f") + " ";
+        pts += svg_number(x((double)r.step)) + "," + svg_number(y(v)) + " ";
+        if (s.points)
+          dots += "<circle data-series=\"" + std::string(s.name) + "\" data-step=\"" + std::to_string(r.step) + "\" cx=\"" +
+                  svg_number(x((double)r.step)) + "\" cy=\"" + svg_number(y(v)) + "\" r=\"3\" fill=\"" + s.colour + "\"/>\n";
       }
-      if (pts.empty()) continue;
-      svg += "<polyline fill=\"none\" stroke=\"" + spec.first + "\" stroke-width=\"1.5\" points=\"" + pts + "\"/>\n";
-      svg += "<text x=\"" + fmt(L + 200 + 120 * legend++) + "\" y=\"" + fmt(y0 + 18) + "\" fill=\"" + spec.first + "\">" + name + "</text>\n";
+      out += "<polyline data-series=\"" + std::string(s.name) + "\" fill=\"none\" stroke=\"" + s.colour +
+             "\" stroke-width=\"1.5\" points=\"" + pts + "\"/>\n" + dots;
     }
-  };
-  panel(0, "loss", max_loss > 0 ? max_loss : 1, {{"train loss", {"#1f77b4", &LogRow::loss}}, {"validation loss", {"#d62728", &LogRow::val_loss}}});
-  panel(270, "validation (%)", 100, {{"BLEU", {"#2ca02c", &LogRow::val_bleu}}, {"exact match", {"#9467bd", &LogRow::val_exact}}});
-  svg += "</svg>\n";
-  std::ofstream f(path + ".tmp");
-  f << svg;
-  if (!f.flush()) fail("cannot write " + path);
-  f.close();
-  std::rename((path + ".tmp").c_str(), path.c_str());
+  }
+  out += "</svg>\n";
+  try {
+    write_file_atomically(path, out);
+  } catch (const std::runtime_error& e) {
+    fail(e.what());
+  }
 }
 
 // ---- checkpoints in the run folder --------------------------------------------------------------------
@@ -503,6 +558,9 @@ void limit_openmp_spinning(char** argv) {
 
 int main(int argc, char** argv) {
   limit_openmp_spinning(argv);
+  // Progress goes to stderr, everything else to stdout, line by line, so that a log captured with
+  // `./train > log 2>&1` holds every line in the order it was printed.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   Options o = parse(argc, argv);
   std::signal(SIGXFSZ, SIG_IGN);  // past a file-size limit (ulimit -f) a write fails with EFBIG instead of killing us
   if (o.device.empty()) o.device = gpu_available() && !gpu_emulated() ? "cuda" : "cpu";
@@ -654,15 +712,17 @@ int main(int argc, char** argv) {
       if (r.step <= m.step) rows.push_back(r);
     }
   }
-  auto write_csv = [&]() {
-    std::ofstream f(csv_path + ".tmp");
-    f << "step,epoch,loss,lr,tokens_per_s,val_loss,val_bleu,val_exact_match\n";
+  auto write_log = [&]() {  // log.csv and its picture, each replaced atomically
+    std::string csv = "step,epoch,loss,lr,tokens_per_s,val_loss,val_bleu,val_exact_match\n";
     for (const LogRow& r : rows)
-      f << r.step << "," << fmt(r.epoch, "%.4f") << "," << fmt(r.loss, "%.17g") << "," << fmt(r.lr, "%.6g") << "," << fmt(r.tok_per_s, "%.0f")
-        << "," << fmt(r.val_loss, "%.6g") << "," << fmt(r.val_bleu, "%.2f") << "," << fmt(r.val_exact, "%.2f") << "\n";
-    if (!f.flush()) fail("cannot write " + csv_path);
-    f.close();
-    std::rename((csv_path + ".tmp").c_str(), csv_path.c_str());
+      csv += std::to_string(r.step) + "," + fmt(r.epoch, "%.4f") + "," + fmt(r.loss, "%.17g") + "," + fmt(r.lr, "%.6g") + "," +
+             fmt(r.tok_per_s, "%.0f") + "," + fmt(r.val_loss, "%.6g") + "," + fmt(r.val_bleu, "%.2f") + "," + fmt(r.val_exact, "%.2f") + "\n";
+    try {
+      write_file_atomically(csv_path, csv);
+    } catch (const std::runtime_error& e) {
+      fail(e.what());
+    }
+    write_curves_svg(o.out + "/curves.svg", rows);
   };
 
   std::signal(SIGINT, on_interrupt);
@@ -735,7 +795,7 @@ int main(int argc, char** argv) {
       if (std::chrono::duration<double>(now - last_checkpoint).count() > o.checkpoint_minutes * 60 && reason.empty()) {
         st.elapsed = elapsed();
         last_good = save_checkpoint(o.out, m, tok.hash(), st, o.keep, last_good);
-        write_csv();
+        write_log();
         last_checkpoint = now;
       }
     }
@@ -751,8 +811,7 @@ int main(int argc, char** argv) {
     validate(row);
     rows.push_back(row);
   }
-  write_csv();
-  write_curves_svg(o.out + "/curves.svg", rows);
+  write_log();
   std::printf("checkpoint %s (%s/model.bin), log %s, curves %s/curves.svg\n", last_good.c_str(), o.out.c_str(), csv_path.c_str(), o.out.c_str());
   if (interrupted) return 0;
 

@@ -3,6 +3,7 @@
 // paper's: §3.1 stacks after their parts, §3.2 attention, §3.3 FFN, §3.4 embeddings, §3.5 positions, §5
 // training. CPU code (namespace cpu) is the reference; this file compiles with g++ as C++ and with nvcc.
 #include "transformer.h"
+#include "tokenizer.h"  // write_file_atomically
 
 #include <algorithm>
 #include <cmath>
@@ -18,7 +19,7 @@
 #include <utility>
 
 #include <sys/resource.h>  // getrlimit
-#include <unistd.h>        // fsync, sysconf
+#include <unistd.h>        // sysconf
 
 // ---- configuration ---------------------------------------------------------------------------------
 
@@ -1558,16 +1559,7 @@ void checkpoint_save(const std::string& path, const Transformer<float>& m, uint6
   put_array(m.params);
   if (has_adam) put_array(m.adam_m), put_array(m.adam_v);
   put(fnv1a64(0xCBF29CE484222325ull, buf.data(), buf.size()));
-  // atomically: a temporary file, flushed and synced, then renamed over the real name
-  const std::string tmp = path + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) throw std::runtime_error("cannot write checkpoint " + tmp + ": " + std::strerror(errno));
-  bool ok = std::fwrite(buf.data(), 1, buf.size(), f) == buf.size() && std::fflush(f) == 0 && fsync(fileno(f)) == 0;
-  ok = std::fclose(f) == 0 && ok;
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw std::runtime_error("cannot write checkpoint " + path + ": " + std::strerror(errno));
-  }
+  write_file_atomically(path, buf);  // a crash never leaves half a checkpoint under its name
 }
 
 std::unique_ptr<Transformer<float>> checkpoint_load(const std::string& path, CheckpointMeta* meta) {

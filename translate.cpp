@@ -2,12 +2,15 @@
 // translations with sacreBLEU-identical BLEU, and draws attention maps.
 //
 //   ./translate -m runs/x/model.bin < in.txt > out.txt        beam 4, alpha 0.6 (§6)
+//   ./translate -m runs/x/model.bin                           at a terminal: each line translated as typed
 //   ./translate -m MODEL -i in.txt --ref ref.txt              translate and print BLEU on stderr
 //   ./translate --score hyp.txt --ref ref.txt                 BLEU of a file, no model needed
 //   ./translate -m MODEL --attention att.svg <<< "a sentence" attention heat maps of the first sentence
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -18,9 +21,11 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <unistd.h>
 #include <vector>
 
 #include "bleu.h"
+#include "svg.h"
 #include "tokenizer.h"
 #include "transformer.h"
 
@@ -29,8 +34,9 @@ namespace {
 struct Options {
   std::string model, vocab, input, output, ref, score, attention, device;  // device "": cuda when a GPU is present
   DecodeOptions decode;
-  bool greedy = false, lowercase = false, stats = false;
+  bool greedy = false, lowercase = false, stats = false, interactive = false;
   int batch = -1;  // sentences decoded together; -1: 32 on the CPU, 200 on the GPU
+  int attention_layer = -1, attention_head = -1;  // from 1; -1: every layer, every head
 };
 
 void usage(FILE* f) {
@@ -46,13 +52,18 @@ void usage(FILE* f) {
                "  --alpha A            length penalty ((5+|Y|)/6)^A (default %.1f) [§6]\n"
                "  --max-extra N        output length <= source length + N (default %d) [§6]\n"
                "  --greedy             greedy decoding instead of beam search\n"
-               "  --n-best K           K hypotheses per sentence: 'LINE ||| translation ||| score ||| log-prob'\n"
+               "  --n-best K           K hypotheses per sentence, Moses' n-best format:\n"
+               "                       'ID ||| translation ||| score ||| log-prob', IDs from 0 (the input line - 1)\n"
                "  --batch N            sentences decoded together (default 32 on the CPU, 200 on the GPU)\n"
                "  --device cpu|cuda    where to decode (default: cuda when a GPU is present, else cpu)\n"
                "  --ref FILE           reference translations: print sacreBLEU's BLEU on stderr\n"
                "  --score FILE         score FILE against --ref (no model)\n"
                "  --lowercase          case-insensitive BLEU\n"
+               "  --interactive        translate each line as soon as it is read, flushing its translation\n"
+               "                       (the default when stdin is a terminal; Ctrl-D or Ctrl-C ends, status 0)\n"
                "  --attention FILE     draw the attention weights of the first sentence as an SVG\n"
+               "  --attention-layer L  draw layer L only (from 1)\n"
+               "  --attention-head H   draw head H only (from 1); with --attention-layer: one head's maps, large\n"
                "  --stats              print decoding time, sentences/s and target tokens/s on stderr\n"
                "  -h, --help           this help\n",
                d.beam, d.alpha, d.max_extra);
@@ -98,6 +109,9 @@ Options parse(int argc, char** argv) {
     else if (a == "--score") o.score = value();
     else if (a == "--lowercase") o.lowercase = true;
     else if (a == "--attention") o.attention = value();
+    else if (a == "--attention-layer") o.attention_layer = to_int(a, value());
+    else if (a == "--attention-head") o.attention_head = to_int(a, value());
+    else if (a == "--interactive") o.interactive = true;
     else if (a == "--stats") o.stats = true;
     else fail("unknown option '" + a + "' (see --help)");
   }
@@ -109,6 +123,9 @@ Options parse(int argc, char** argv) {
   if (!o.device.empty() && o.device != "cpu" && o.device != "cuda") fail("--device must be cpu or cuda, got '" + o.device + "'");
   if (o.score.empty() && o.model.empty()) fail("no model: give -m CHECKPOINT (or --score HYP --ref REF)");
   if (!o.score.empty() && o.ref.empty()) fail("--score needs --ref REF");
+  if ((o.attention_layer >= 0 || o.attention_head >= 0) && o.attention.empty())
+    fail("--attention-layer and --attention-head need --attention FILE");
+  if (o.attention_layer == 0 || o.attention_head == 0) fail("--attention-layer and --attention-head count from 1");
   return o;
 }
 
@@ -118,46 +135,55 @@ void print_bleu(const std::vector<std::string>& hyps, const std::vector<std::str
 }
 
 // ---- attention maps -----------------------------------------------------------------------------------
+// Figures 3-5 of the paper show attention weights as heat maps. The layout is computed from upper bounds
+// of the text's extent (svg.h): every label inside the canvas, none over another or over a map;
+// test/svg_check.py checks the drawing against the same bounds.
 
-std::string xml_escape(const std::string& s) {
-  std::string o;
-  for (char ch : s) {
-    switch (ch) {
-      case '&': o += "&amp;"; break;
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '"': o += "&quot;"; break;
-      default: o += ch;
-    }
-  }
-  return o;
+// A token as a label: at most 12 characters (the rest elided); the full token is in the cell's tooltip.
+std::string label_of(const std::string& piece) {
+  if (utf8_characters(piece) <= 12) return piece;
+  size_t at = 0;
+  for (int n = 0; n < 11; ++n)
+    do ++at;
+    while (at < piece.size() && ((unsigned char)piece[at] & 0xC0) == 0x80);
+  return piece.substr(0, at) + "…";
 }
 
-// One heat map: weights (rows queries x cols keys), query tokens down the left, key tokens along the top.
-void heat_map(std::ostream& svg, double x0, double y0, const std::string& title, const float* w, int rows, int cols,
-              const std::vector<std::string>& qtok, const std::vector<std::string>& ktok, double cell, double label) {
-  svg << "<text x=\"" << x0 + label << "\" y=\"" << y0 + 12 << "\" font-weight=\"bold\">" << xml_escape(title) << "</text>\n";
-  const double gx = x0 + label, gy = y0 + label + 16;
-  for (int j = 0; j < cols; ++j)
-    svg << "<text transform=\"translate(" << gx + (j + 0.7) * cell << "," << gy - 4 << ") rotate(-60)\">"
-        << xml_escape(ktok[j]) << "</text>\n";
-  for (int i = 0; i < rows; ++i) {
-    svg << "<text x=\"" << gx - 4 << "\" y=\"" << gy + (i + 0.7) * cell << "\" text-anchor=\"end\">" << xml_escape(qtok[i])
-        << "</text>\n";
-    for (int j = 0; j < cols; ++j) {
-      const double p = std::clamp((double)w[(size_t)i * cols + j], 0.0, 1.0);
-      const int shade = (int)std::lround(255 * (1 - p));  // white (0) to dark blue (1)
-      svg << "<rect x=\"" << gx + j * cell << "\" y=\"" << gy + i * cell << "\" width=\"" << cell << "\" height=\"" << cell
-          << "\" fill=\"rgb(" << shade << "," << shade << ",255)\"><title>" << xml_escape(qtok[i]) << " -> "
-          << xml_escape(ktok[j]) << ": " << p << "</title></rect>\n";
+struct AttentionMap {
+  std::string title;
+  int rows, cols;  // queries, keys
+  const float* p;  // (rows, cols), each row sums to 1
+  const std::vector<std::string>* queries;
+  const std::vector<std::string>* keys;
+};
+
+// One heat map with its top-left corner at (x0, y0): "head h" on top, key tokens reading upwards above
+// the columns, query tokens to the left of the rows. `left` and `top` are the room left for the labels.
+std::string heat_map(double x0, double y0, const AttentionMap& mp, const std::string& head, double cell, double font, double head_font,
+                     double left, double top) {
+  std::string o = svg_text(x0 + left, y0 + kAscent * head_font, head_font, head);
+  const double gx = x0 + left, gy = y0 + (kAscent + kDescent) * head_font + 6 + top;  // the grid's top-left corner
+  const double centre = font * (kAscent - kDescent) / 2;  // from a label's baseline to the middle of its box
+  for (int j = 0; j < mp.cols; ++j)
+    o += svg_text(gx + (j + 0.5) * cell + centre, gy - 4, font, label_of((*mp.keys)[j]), "start", false, true);
+  for (int i = 0; i < mp.rows; ++i) o += svg_text(gx - 4, gy + (i + 0.5) * cell + centre, font, label_of((*mp.queries)[i]), "end");
+  o += "<g class=\"map\" data-title=\"" + svg_escape(mp.title) + "\">\n";
+  for (int i = 0; i < mp.rows; ++i)
+    for (int j = 0; j < mp.cols; ++j) {
+      const double w = std::clamp((double)mp.p[(size_t)i * mp.cols + j], 0.0, 1.0);
+      const int shade = (int)std::lround(255 * (1 - w));  // white (0) to blue (1)
+      o += "<rect x=\"" + svg_number(gx + j * cell) + "\" y=\"" + svg_number(gy + i * cell) + "\" width=\"" + svg_number(cell) +
+           "\" height=\"" + svg_number(cell) + "\" fill=\"rgb(" + std::to_string(shade) + "," + std::to_string(shade) + ",255)\"><title>" +
+           svg_escape((*mp.queries)[i] + " -> " + (*mp.keys)[j] + ": " + svg_number(w)) + "</title></rect>\n";
     }
-  }
+  return o + "</g>\n";
 }
 
-// Runs the teacher-forced model on (source, its translation) and draws, per layer and head, the encoder
-// self-attention, the decoder self-attention and the encoder-decoder attention (Figures 3-5 of the paper).
+// Runs the teacher-forced model on (source, its translation) and draws the encoder self-attention, the
+// decoder self-attention and the encoder-decoder attention: a row of heads per kind and layer. `layer` and
+// `head` (from 1; -1: all) select; the fewer maps in a row, the larger each is drawn.
 void write_attention_svg(const std::string& path, Transformer<float>& m, const Tokenizer& tok, const std::vector<int>& src,
-                         const std::vector<int>& out) {
+                         const std::vector<int>& out, int layer, int head) {
   Batch b = make_batch({&src}, {&out});
   transformer_forward(m, b, false);
   const Config& c = m.cfg;
@@ -166,32 +192,84 @@ void write_attention_svg(const std::string& path, Transformer<float>& m, const T
   s_tok.push_back("</s>");
   t_tok.push_back("<s>");
   for (int id : out) t_tok.push_back(tok.piece(id));
-  const int S = b.S, Tl = b.T;
-  const double cell = 14, label = 90;
-  struct Map { std::string name; int layer, rows, cols; const float* p; const std::vector<std::string>* q; const std::vector<std::string>* k; };
-  std::vector<Map> maps;
-  for (int l = 0; l < c.N; ++l) maps.push_back({"encoder self-attention", l, S, S, m.acts.enc_layers[l].self.p, &s_tok, &s_tok});
-  for (int l = 0; l < c.N; ++l) maps.push_back({"decoder self-attention", l, Tl, Tl, m.acts.dec_layers[l].self.p, &t_tok, &t_tok});
-  for (int l = 0; l < c.N; ++l) maps.push_back({"encoder-decoder attention", l, Tl, S, m.acts.dec_layers[l].cross.p, &t_tok, &s_tok});
-  const double panel_w = label + std::max(S, Tl) * cell + 20, panel_h = label + 16 + std::max(S, Tl) * cell + 20;
-  std::ofstream svg(path);
-  if (!svg) fail("cannot write " + path);
-  svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << panel_w * c.H << "\" height=\"" << panel_h * maps.size()
-      << "\" font-family=\"sans-serif\" font-size=\"10\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  for (size_t r = 0; r < maps.size(); ++r)
-    for (int h = 0; h < c.H; ++h) {
-      const Map& mp = maps[r];
-      const float* w = mp.p + (size_t)h * mp.rows * mp.cols;  // (B=1, H, rows, cols)
-      heat_map(svg, h * panel_w, r * panel_h, mp.name + ", layer " + std::to_string(mp.layer + 1) + ", head " + std::to_string(h + 1),
-               w, mp.rows, mp.cols, *mp.q, *mp.k, cell, label);
+  const int S = b.S, T = b.T;
+  std::vector<int> layers, heads;
+  for (int l = 0; l < c.N; ++l)
+    if (layer < 0 || l == layer - 1) layers.push_back(l);
+  for (int h = 0; h < c.H; ++h)
+    if (head < 0 || h == head - 1) heads.push_back(h);
+  struct Kind { const char* name; int rows, cols; const std::vector<std::string>* q; const std::vector<std::string>* k; };
+  const Kind kinds[] = {{"encoder self-attention", S, S, &s_tok, &s_tok},
+                        {"decoder self-attention", T, T, &t_tok, &t_tok},
+                        {"encoder-decoder attention", T, S, &t_tok, &s_tok}};
+  const double head_font = 13, title_font = 15, pad = 12, gap = 24;
+  const std::string heading = "attention weights: a row per query, a column per key; white 0, blue 1";
+  std::string body = svg_text(pad, pad + kAscent * 12, 12, heading);
+  double width = svg_text_width(heading, 12), y = pad + (kAscent + kDescent) * 12 + gap;
+  for (int kind = 0; kind < 3; ++kind)
+    for (int l : layers) {
+      const Kind& k = kinds[kind];
+      // Sizes: a row's cells fill about 1200 px, between 12 px (long sentences, many heads) and 32 px
+      // (one head); a label's box (kAscent + kDescent of its font) fits its cell; fonts 9 to 14 px.
+      const double cell = std::clamp(1200.0 / (heads.size() * std::max(k.rows, k.cols)), 12.0, 32.0), font = std::min(0.75 * cell, 14.0);
+      double left = 0, top = 0;  // room for the query labels and for the key labels
+      for (int i = 0; i < k.rows; ++i) left = std::max(left, svg_text_width(label_of((*k.q)[i]), font) + 6);
+      for (int j = 0; j < k.cols; ++j) top = std::max(top, svg_text_width(label_of((*k.k)[j]), font) + 6);
+      const std::string row_title = std::string(k.name) + ", layer " + std::to_string(l + 1);
+      body += svg_text(pad, y + kAscent * title_font, title_font, row_title, "start", true);
+      width = std::max(width, svg_text_width(row_title, title_font, true));
+      y += (kAscent + kDescent) * title_font + 8;
+      const double panel = std::max(left + k.cols * cell, svg_text_width("head " + std::to_string(c.H), head_font) + left) + gap;
+      for (size_t n = 0; n < heads.size(); ++n) {
+        const int h = heads[n];
+        const float* p = kind == 0 ? m.acts.enc_layers[l].self.p : kind == 1 ? m.acts.dec_layers[l].self.p : m.acts.dec_layers[l].cross.p;
+        AttentionMap mp{row_title + ", head " + std::to_string(h + 1), k.rows, k.cols, p + (size_t)h * k.rows * k.cols, k.q, k.k};  // p: (B=1, H, rows, cols)
+        body += heat_map(pad + n * panel, y, mp, "head " + std::to_string(h + 1), cell, font, head_font, left, top);
+      }
+      width = std::max(width, heads.size() * panel - gap);
+      y += (kAscent + kDescent) * head_font + 6 + top + k.rows * cell + gap;
     }
-  svg << "</svg>\n";
-  if (!svg.flush()) fail("cannot write " + path);
+  const std::string svg = "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + svg_number(std::ceil(width + 2 * pad)) + "\" height=\"" +
+                          svg_number(std::ceil(y - gap + pad)) + "\" font-family=\"DejaVu Sans, sans-serif\">\n" +
+                          "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n" + body + "</svg>\n";
+  write_file_atomically(path, svg);
 }
+
+// ---- decoding and output ----------------------------------------------------------------------------
 
 std::string directory_of(const std::string& path) {
   size_t slash = path.find_last_of('/');
   return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+// The n-best list of each sentence of `chunk`, the best first (one hypothesis when greedy).
+std::vector<std::vector<Hypothesis>> translate_chunk(Transformer<float>& m, const std::vector<std::vector<int>>& chunk, const Options& o) {
+  if (!o.greedy) return beam_search(m, chunk, o.decode);
+  std::vector<std::vector<Hypothesis>> r;
+  for (Hypothesis& h : greedy_decode(m, chunk, o.decode.max_extra)) r.push_back({std::move(h)});
+  return r;
+}
+
+// Sentence `id`'s output: its best translation, or with --n-best its list in Moses' n-best format,
+// 'ID ||| translation ||| score ||| log-probability', IDs from 0. An empty line stays an empty line.
+void write_translation(std::ostream& out, size_t id, const std::vector<Hypothesis>& hyps, const Tokenizer& tok, int n_best) {
+  if (n_best == 1) {
+    out << (hyps.empty() ? std::string() : tok.decode(hyps[0].tokens)) << "\n";
+    return;
+  }
+  if (hyps.empty()) out << id << " |||  ||| 0 ||| 0\n";
+  for (const Hypothesis& h : hyps) out << id << " ||| " << tok.decode(h.tokens) << " ||| " << h.score << " ||| " << h.logprob << "\n";
+}
+
+// Ctrl-C in an interactive session: waiting at the prompt, everything asked for is written and flushed,
+// so the program ends at once; while a line is being translated, it ends after writing its translation.
+volatile std::sig_atomic_t interrupted = 0, waiting_for_input = 0;
+void on_interrupt(int) {
+  if (waiting_for_input) {
+    if (write(STDERR_FILENO, "\n", 1) < 0) {}  // the shell's prompt on a line of its own
+    _exit(0);
+  }
+  interrupted = 1;
 }
 
 }  // namespace
@@ -224,98 +302,144 @@ int main(int argc, char** argv) {
     if (o.decode.max_extra >= m.cfg.max_len)
       std::fprintf(stderr, "translate: warning: --max-extra %d cannot be met: outputs stop at the model's max_len of %d tokens\n",
                    o.decode.max_extra, m.cfg.max_len);
+    if (o.attention_layer > m.cfg.N) fail("--attention-layer " + std::to_string(o.attention_layer) + ": the model has " + std::to_string(m.cfg.N) + " layers");
+    if (o.attention_head > m.cfg.H) fail("--attention-head " + std::to_string(o.attention_head) + ": the model has " + std::to_string(m.cfg.H) + " heads");
     if (o.device.empty()) o.device = gpu_available() && !gpu_emulated() ? "cuda" : "cpu";
     if (o.device == "cuda") transformer_to_device(m, Device::cuda);  // decoding and its K/V caches on the GPU
     if (o.batch < 0) o.batch = o.device == "cuda" ? 200 : 32;
 
-    // Encode everything first: a bad line stops the run before any output is written.
     const std::string input_name = o.input.empty() ? "stdin" : o.input;
-    std::vector<std::string> lines = read_text_lines(o.input.empty() ? "-" : o.input), warnings;
-    const std::vector<std::vector<int>> src = encode_lines(tok, lines, input_name, m.cfg.max_len - 1, &warnings);  // room for </s>
-    for (const std::string& w : warnings) std::fprintf(stderr, "translate: warning: %s\n", w.c_str());
+    const int max_src = m.cfg.max_len - 1;  // room for </s>
+    auto encode = [&](const std::vector<std::string>& lines, size_t first_line) {  // encode_lines, warnings printed
+      std::vector<std::string> warnings;
+      std::vector<std::vector<int>> ids = encode_lines(tok, lines, input_name, max_src, &warnings, first_line);
+      for (const std::string& w : warnings) std::fprintf(stderr, "translate: warning: %s\n", w.c_str());
+      return ids;
+    };
     std::vector<std::string> refs;
-    if (!o.ref.empty()) {
-      refs = read_text_lines(o.ref);
-      if (refs.size() != lines.size())
-        fail(o.ref + " has " + std::to_string(refs.size()) + " lines but the input has " + std::to_string(lines.size()));
-    }
-
-    // Decode in batches of similar length (less padding), write in input order. Empty lines stay empty.
-    std::vector<size_t> order;
-    for (size_t i = 0; i < src.size(); ++i)
-      if (!src[i].empty()) order.push_back(i);
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return src[a].size() < src[b].size(); });
-    if (o.device == "cpu" && !order.empty()) {  // as many sentences at a time as memory holds
-      const int rows_each = o.greedy ? 1 : o.decode.beam, longest = (int)src[order.back()].size();
-      auto bytes = [&](size_t sentences) {
-        return decoding_bytes(m.cfg, (int)sentences, longest + 1, max_output_length(m.cfg, longest, o.decode.max_extra),
-                              (int)sentences * rows_each);
-      };
-      const size_t available = available_memory(), wanted = std::min((size_t)o.batch, order.size());
-      if (bytes(1) > available)
-        fail("decoding one sentence of " + std::to_string(longest) + " tokens with beam " + std::to_string(rows_each) + " needs " +
-             std::to_string(bytes(1) >> 20) + " MB, but " + std::to_string(available >> 20) + " MB are available: lower --beam");
-      size_t fits = wanted;
-      while (bytes(fits) > available) fits /= 2;
-      if (fits < wanted) {
-        std::fprintf(stderr, "translate: warning: --batch %zu needs %zu MB with beam %d, %zu MB are available: decoding %zu sentences at a time\n",
-                     wanted, bytes(wanted) >> 20, rows_each, available >> 20, fits);
-        o.batch = (int)fits;
-      }
-    }
-    std::vector<std::vector<Hypothesis>> result(src.size());
-    const auto t0 = std::chrono::steady_clock::now();
-    for (size_t at = 0; at < order.size(); at += o.batch) {
-      std::vector<std::vector<int>> chunk;
-      const size_t end = std::min(order.size(), at + o.batch);
-      for (size_t j = at; j < end; ++j) chunk.push_back(src[order[j]]);
-      if (o.greedy) {
-        std::vector<Hypothesis> g = greedy_decode(m, chunk, o.decode.max_extra);
-        for (size_t j = at; j < end; ++j) result[order[j]] = {g[j - at]};
-      } else {
-        std::vector<std::vector<Hypothesis>> bs = beam_search(m, chunk, o.decode);
-        for (size_t j = at; j < end; ++j) result[order[j]] = bs[j - at];
-      }
-    }
-    if (o.stats) {  // the decoding alone: encoder, decoder steps and search; target tokens count </s>
-      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      long tokens = 0;
-      for (const auto& r : result)
-        if (!r.empty()) tokens += (long)r[0].tokens.size() + r[0].finished;
-      std::fprintf(stderr, "translate: %zu sentences, %ld target tokens in %.2f s on %s (%s): %.1f sentences/s, %.0f tokens/s\n",
-                   order.size(), tokens, seconds, o.device.c_str(), o.greedy ? "greedy" : ("beam " + std::to_string(o.decode.beam)).c_str(),
-                   order.size() / seconds, tokens / seconds);
-    }
-
+    if (!o.ref.empty()) refs = read_text_lines(o.ref);
+    auto check_refs = [&](size_t lines) {
+      if (!o.ref.empty() && refs.size() != lines)
+        fail(o.ref + " has " + std::to_string(refs.size()) + " lines but the input has " + std::to_string(lines));
+    };
     std::ofstream file;
-    if (!o.output.empty()) {
+    auto open_output = [&]() -> std::ostream& {
+      if (o.output.empty()) return std::cout;
       file.open(o.output, std::ios::binary);
       if (!file) fail("cannot write " + o.output + ": " + std::strerror(errno));
-    }
-    std::ostream& out = o.output.empty() ? std::cout : file;
-    std::vector<std::string> hyps(src.size());
-    for (size_t i = 0; i < src.size(); ++i) {
-      hyps[i] = result[i].empty() ? std::string() : tok.decode(result[i][0].tokens);
-      if (o.decode.n_best > 1) {
-        if (result[i].empty()) out << i + 1 << " |||  ||| 0 ||| 0\n";  // an empty line stays a (scored) empty line
-        for (const Hypothesis& h : result[i])
-          out << i + 1 << " ||| " << tok.decode(h.tokens) << " ||| " << h.score << " ||| " << h.logprob << "\n";
-      } else {
-        out << hyps[i] << "\n";
-      }
-    }
-    if (!out.flush()) fail("cannot write " + (o.output.empty() ? std::string("stdout") : o.output));
-    if (!o.ref.empty()) print_bleu(hyps, refs, o.lowercase);
+      return file;
+    };
+    auto check_written = [&](std::ostream& out) {
+      if (!out.flush()) fail("cannot write " + (o.output.empty() ? std::string("stdout") : o.output));
+    };
 
+    std::vector<std::vector<int>> src;               // every input line, encoded
+    std::vector<std::vector<Hypothesis>> result;     // and its translations
+    double seconds = 0;                              // spent decoding
+    bool rejected = false;                           // an interactive line was not valid UTF-8
+    if (o.interactive || (o.input.empty() && isatty(STDIN_FILENO))) {
+      // Interactive: each line is translated as soon as it is complete and its translation flushed. Ctrl-D
+      // ends the input (then --ref, --stats and --attention report); Ctrl-C ends the session, with nothing
+      // more (exit status 0, as ./train's Ctrl-C).
+      std::signal(SIGINT, on_interrupt);
+      const bool prompt = isatty(STDIN_FILENO) && isatty(STDERR_FILENO);
+      if (prompt) std::fprintf(stderr, "translate: type a sentence and press Enter; Ctrl-D or Ctrl-C ends\n");
+      std::ifstream in_file;
+      if (!o.input.empty()) {
+        in_file.open(o.input, std::ios::binary);
+        if (!in_file) fail("cannot read " + o.input + ": " + std::strerror(errno));
+      }
+      std::istream& in = o.input.empty() ? std::cin : in_file;
+      std::ostream& out = open_output();
+      std::string line;
+      while (!interrupted) {
+        waiting_for_input = 1;
+        if (prompt) std::fputs("> ", stderr);
+        const bool more = (bool)std::getline(in, line);
+        waiting_for_input = 0;
+        if (!more) break;
+        if (!line.empty() && line.back() == '\r') line.pop_back();
+        std::vector<int> ids;
+        try {
+          ids = encode({line}, src.size() + 1)[0];
+        } catch (const std::runtime_error& e) {  // invalid UTF-8: reported, and the session goes on; exit status 1 at the end
+          std::fprintf(stderr, "translate: %s\n", e.what());
+          rejected = true;
+        }
+        src.push_back(ids);
+        const auto t0 = std::chrono::steady_clock::now();
+        result.push_back(ids.empty() ? std::vector<Hypothesis>() : translate_chunk(m, {ids}, o)[0]);
+        seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        write_translation(out, src.size() - 1, result.back(), tok, o.decode.n_best);
+        check_written(out);
+      }
+      if (interrupted) return 0;
+      check_refs(src.size());
+    } else {
+      // Batch: encode everything first, so that a bad line stops the run before any output is written;
+      // then decode in batches of similar length (less padding) and write in input order.
+      std::vector<std::string> lines = read_text_lines(o.input.empty() ? "-" : o.input);
+      check_refs(lines.size());
+      src = encode(lines, 1);  // a line that is not UTF-8 throws "NAME:LINE: ..." before anything is written
+      std::vector<size_t> order;
+      for (size_t i = 0; i < src.size(); ++i)
+        if (!src[i].empty()) order.push_back(i);
+      std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return src[a].size() < src[b].size(); });
+      if (o.device == "cpu" && !order.empty()) {  // as many sentences at a time as memory holds
+        const int rows_each = o.greedy ? 1 : o.decode.beam, longest = (int)src[order.back()].size();
+        auto bytes = [&](size_t sentences) {
+          return decoding_bytes(m.cfg, (int)sentences, longest + 1, max_output_length(m.cfg, longest, o.decode.max_extra),
+                                (int)sentences * rows_each);
+        };
+        const size_t available = available_memory(), wanted = std::min((size_t)o.batch, order.size());
+        if (bytes(1) > available)
+          fail("decoding one sentence of " + std::to_string(longest) + " tokens with beam " + std::to_string(rows_each) + " needs " +
+               std::to_string(bytes(1) >> 20) + " MB, but " + std::to_string(available >> 20) + " MB are available: lower --beam");
+        size_t fits = wanted;
+        while (bytes(fits) > available) fits /= 2;
+        if (fits < wanted) {
+          std::fprintf(stderr, "translate: warning: --batch %zu needs %zu MB with beam %d, %zu MB are available: decoding %zu sentences at a time\n",
+                       wanted, bytes(wanted) >> 20, rows_each, available >> 20, fits);
+          o.batch = (int)fits;
+        }
+      }
+      result.resize(src.size());
+      const auto t0 = std::chrono::steady_clock::now();
+      for (size_t at = 0; at < order.size(); at += o.batch) {
+        std::vector<std::vector<int>> chunk;
+        const size_t end = std::min(order.size(), at + o.batch);
+        for (size_t j = at; j < end; ++j) chunk.push_back(src[order[j]]);
+        std::vector<std::vector<Hypothesis>> r = translate_chunk(m, chunk, o);
+        for (size_t j = at; j < end; ++j) result[order[j]] = std::move(r[j - at]);
+      }
+      seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::ostream& out = open_output();
+      for (size_t i = 0; i < src.size(); ++i) write_translation(out, i, result[i], tok, o.decode.n_best);
+      check_written(out);
+    }
+
+    size_t sentences = 0, first = src.size();
+    long tokens = 0;
+    std::vector<std::string> hyps;
+    for (size_t i = 0; i < src.size(); ++i) {
+      hyps.push_back(result[i].empty() ? std::string() : tok.decode(result[i][0].tokens));
+      if (result[i].empty()) continue;
+      ++sentences, first = std::min(first, i);
+      tokens += (long)result[i][0].tokens.size() + result[i][0].finished;  // target tokens count </s>
+    }
+    if (o.stats)  // the decoding alone: encoder, decoder steps and search
+      std::fprintf(stderr, "translate: %zu sentences, %ld target tokens in %.2f s on %s (%s): %.1f sentences/s, %.0f tokens/s\n",
+                   sentences, tokens, seconds, o.device.c_str(), o.greedy ? "greedy" : ("beam " + std::to_string(o.decode.beam)).c_str(),
+                   sentences / seconds, tokens / seconds);
+    if (!o.ref.empty()) print_bleu(hyps, refs, o.lowercase);
     if (!o.attention.empty()) {
-      if (order.empty()) fail("--attention: the input has no non-empty sentence to draw");
-      const size_t first = *std::min_element(order.begin(), order.end());
+      if (first == src.size()) fail("--attention: the input has no non-empty sentence to draw");
       transformer_to_device(m, Device::cpu);  // the maps are read from the CPU pass's saved activations
-      write_attention_svg(o.attention, m, tok, src[first], result[first][0].tokens);
+      write_attention_svg(o.attention, m, tok, src[first], result[first][0].tokens, o.attention_layer, o.attention_head);
       std::fprintf(stderr, "translate: attention maps of line %zu written to %s\n", first + 1, o.attention.c_str());
     }
+    return rejected ? 1 : 0;
   } catch (const std::exception& e) {
     fail(e.what());
   }
-  return 0;
 }

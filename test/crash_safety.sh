@@ -53,7 +53,7 @@ check "no temporary file is left after a clean end" test -z "$(ls run/*.tmp 2> /
 # 2. a full disk: the checkpoint (about 370 KB) cannot be written under a 100 KB file-size limit
 target=$(readlink run/model.bin)
 cp "run/$target" saved.bin
-expect_error "a full disk stops training with one line" "cannot write checkpoint .*File too large; training stopped, the last good checkpoint (run/$target) is kept" \
+expect_error "a full disk stops training with one line" "cannot write .*ckpt-.*File too large; training stopped, the last good checkpoint (run/$target) is kept" \
   bash -c "ulimit -f 100; exec '$root/train' ${run[*]} --resume --max-steps $((final + 5))"
 check "model.bin still names the checkpoint before" test "$(readlink run/model.bin)" = "$target"
 check "and it is intact" cmp -s "run/$target" saved.bin

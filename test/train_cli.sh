@@ -4,7 +4,10 @@
 #   2. resume determinism: 40 steps straight == 20 steps, --resume, 20 more (losses identical, bit for bit);
 #   3. Ctrl-C writes a checkpoint and exits 0; --average writes a model ./translate can use;
 #   4. bad input: one clear line and a non-zero exit;
-#   5. a NaN loss stops training and keeps the last good checkpoint.
+#   5. a NaN loss stops training and keeps the last good checkpoint;
+#   6. what ./train prints comes in order in a log captured with `> log 2>&1`; curves.svg draws what
+#      log.csv measured and nothing else, laid out inside its canvas (test/svg_check.py), and is replaced
+#      atomically (a new file renamed over the old: its inode changes, no temporary file is left).
 # Usage: train_cli.sh ROOT
 set -u
 root="$(cd "$1" && pwd)"
@@ -56,7 +59,6 @@ check "Ctrl-C leaves a checkpoint of the step it stopped at ($stopped_at)" test 
 check "averaging is reported" grep -q "averaged the last 3 checkpoints" avg.log
 check "the averaged model translates" sh -c "echo 'twenty-one' | '$root/translate' -m averaged/averaged.bin --vocab averaged/vocab.bpe > /dev/null"
 check "log.csv and curves.svg written" test -s averaged/log.csv -a -s averaged/curves.svg
-check "curves.svg is an SVG" grep -q "<polyline" averaged/curves.svg
 
 # 4. Bad input
 mkdir -p bad
@@ -94,5 +96,27 @@ expect_error "a NaN loss stops training" "the loss is NaN at step .*last good ch
   "$train" "${common[@]}" --lr-scale 1e9 --warmup 1 --max-steps 100 --checkpoint-every 0.001 --out nan
 check "the last good checkpoint still translates" sh -c "echo 'twenty-one' | '$root/translate' -m nan/model.bin > /dev/null"
 check "--help lists the options with defaults" sh -c "'$train' --help | grep -q -- '--batch-tokens N .*default 4096'"
+
+# 6. One captured log, in order; the curves
+"$train" --data numbers --max-steps 60 --val-every 20 --val-sentences 20 --out ordered > ordered.log 2>&1
+first() { grep -n -m1 -- "$1" ordered.log | cut -d: -f1; }
+order=""
+for p in "^BPE: " "^data: " "^model: " "^batches: " "^step 1 | " "^validation at step 20:" "^validation at step 40:" \
+         "^validation at step 60:" "^stopped: " "^checkpoint " "^test: "; do order="$order $(first "$p")"; done
+check "the captured log holds every line in the order printed (first lines at:$order)" \
+  sh -c "echo '$order' | awk '{ for (i = 1; i <= NF; i++) if (\$i == \"\" || (i > 1 && \$i <= \$(i - 1))) exit 1; exit NF != 11 }'"
+check "no BLEU on the number corpus: its log.csv column is empty" \
+  test "$(awk -F, 'NR > 1 && $7 != ""' ordered/log.csv | wc -l)" -eq 0
+check "curves.svg: the measured series, no other, laid out" python3 "$root/test/svg_check.py" curves ordered/curves.svg ordered/log.csv
+before=$(stat -c %i ordered/curves.svg)
+"$train" --data numbers --max-steps 80 --val-every 20 --val-sentences 20 --out ordered --resume > /dev/null 2>&1
+check "curves.svg replaced by a new file (inode $before, then $(stat -c %i ordered/curves.svg))" \
+  test "$(stat -c %i ordered/curves.svg)" != "$before"
+check "no temporary file left in the run folder" test -z "$(ls ordered | grep '\.tmp$')"
+check "the resumed curves: laid out, the validation at step 80 drawn" \
+  sh -c "python3 '$root/test/svg_check.py' curves ordered/curves.svg ordered/log.csv && grep -q 'data-series=\"validation loss\" data-step=\"80\"' ordered/curves.svg"
+"$train" "${common[@]}" --max-steps 5 --out novalidation > /dev/null 2>&1
+check "curves.svg of a run whose only validation is the final one" \
+  python3 "$root/test/svg_check.py" curves novalidation/curves.svg novalidation/log.csv
 
 cli_finish

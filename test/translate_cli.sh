@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # translate_cli: ./translate end to end with a model trained here for a few seconds on the built-in corpus.
-#   order and empty lines kept; greedy == beam 1; n-best lists; attention SVG; --score prints what the
-#   library computes (the golden line of bleu_golden); bad input: one clear line and a non-zero exit.
+#   order and empty lines kept; greedy == beam 1; n-best lists (Moses: ids from 0); attention SVGs laid out
+#   inside their canvas with no text over another (test/svg_check.py), for a short and a 40-piece sentence
+#   and one head drawn large; interactive use at a terminal and through pipes (test/interactive.py);
+#   --score prints what the library computes (the golden line of bleu_golden); bad input: one clear line
+#   and a non-zero exit.
 # Usage: translate_cli.sh ROOT
 set -u
 root="$(cd "$1" && pwd)"
@@ -25,9 +28,34 @@ check "non-empty lines are translated" test -n "$(sed -n 1p beam.txt)" -a -n "$(
 check "beam 1 equals greedy" cmp -s greedy.txt beam1.txt
 "$translate" "${m[@]}" --n-best 3 < in.txt > nbest.txt
 check "n-best: 3 hypotheses per non-empty line, one per empty line" test "$(wc -l < nbest.txt)" -eq 12
-check "n-best lines are 'LINE ||| text ||| score ||| logprob'" grep -q '^1 ||| .* ||| -[0-9.e-]* ||| -[0-9.e-]*$' nbest.txt
+check "n-best lines are 'ID ||| text ||| score ||| logprob'" grep -q '^0 ||| .* ||| -[0-9.e-]* ||| -[0-9.e-]*$' nbest.txt
+check "n-best ids count input lines from 0 (Moses)" test "$(cut -d' ' -f1 nbest.txt | uniq | tr '\n' ' ')" = "0 1 2 3 4 5 "
+
+# attention maps: 3 kinds x 2 layers x 4 heads; a sentence of 40+ pieces (with characters XML escapes);
+# one head, large (its 3 maps, cells larger than in the overview)
+check "svg_check rejects what it must" python3 "$root/test/svg_check.py" self-test
 "$translate" "${m[@]}" --attention att.svg < in.txt > /dev/null 2> att.log
-check "attention SVG written with every map" test "$(grep -c 'attention, layer' att.svg)" -eq 24
+check "attention SVG: 24 maps, laid out" python3 "$root/test/svg_check.py" attention att.svg 24
+printf 'nine hundred & ninety-nine <thousand> %s\n' "$(printf 'seven %.0s' {1..40})" > long40.txt
+"$translate" "${m[@]}" --attention long.svg < long40.txt > /dev/null 2> att.log
+check "attention SVG of a 40+ piece sentence: 24 maps, laid out" python3 "$root/test/svg_check.py" attention long.svg 24
+check "the long sentence's map has 40+ columns" \
+  test "$(awk '/<g class="map"/ { on = 1; n = 0 } on && /<rect/ { n++ } /<\/g>/ && on { print n; exit }' long.svg)" -ge 1600
+"$translate" "${m[@]}" --attention one.svg --attention-layer 2 --attention-head 3 < in.txt > /dev/null 2> att.log
+check "--attention-layer 2 --attention-head 3: its 3 maps, laid out" python3 "$root/test/svg_check.py" attention one.svg 3
+check "and they are that layer's and head's" test "$(grep -c 'data-title="[a-z -]*, layer 2, head 3"' one.svg)" -eq 3
+cell() { sed -n 's/.*<rect x="[0-9.]*" y="[0-9.]*" width="\([0-9.]*\)".*/\1/p' "$1" | head -1; }
+check "one head is drawn larger ($(cell one.svg) px cells) than all ($(cell att.svg) px)" \
+  awk -v a="$(cell one.svg)" -v b="$(cell att.svg)" 'BEGIN { exit !(a > b) }'
+
+# interactive: at a terminal (pseudo-terminal) and with --interactive through pipes
+printf 'nine\nbad \xff line\nseven\n' | "$translate" "${m[@]}" --interactive > bad_interactive.txt 2> err.txt
+rc=$?
+check "--interactive: a line that is not UTF-8 is reported, its output line left empty, exit 1 (exit $rc)" \
+  sh -c "[ $rc -eq 1 ] && grep -q 'stdin:2: invalid UTF-8 at byte 4' err.txt && [ \"\$(sed -n 2p bad_interactive.txt)\" = '' ] &&
+         [ -n \"\$(sed -n 3p bad_interactive.txt)\" ] && [ \$(wc -l < bad_interactive.txt) -eq 3 ]"
+check "interactive translation, line by line" python3 "$root/test/interactive.py" "$translate" run/model.bin \
+  "three hundred and twenty-four" "seventy-one" "nine"
 # --score equals the library call (bleu_golden checks the library prints this very line)
 golden="$root/test/golden/bleu"
 gzip -dc "$golden/test_2016_flickr.de.gz" > ref.de
@@ -58,6 +86,10 @@ if on_cuda_or_error "--device cuda without a GPU" "$translate" "${m[@]}" --devic
   "$translate" "${m[@]}" --device cpu -i in.txt --greedy > cpu.txt
   check "--device cuda translates as the CPU does" cmp -s out.txt cpu.txt
 fi
+expect_error "--attention-layer beyond the model" "--attention-layer 3: the model has 2 layers" \
+  "$translate" "${m[@]}" --attention x.svg --attention-layer 3 -i in.txt
+expect_error "--attention-head 0" "count from 1" "$translate" "${m[@]}" --attention x.svg --attention-head 0
+expect_error "--attention-head without --attention" "need --attention FILE" "$translate" "${m[@]}" --attention-head 1
 expect_error "--n-best above --beam" "--n-best must be between 1 and --beam" "$translate" "${m[@]}" --n-best 5
 V=$(sed -n 's/.* V=\([0-9]*\),.*/\1/p' train.log)
 expect_error "--beam beyond the vocabulary" "--beam 100000 is more than the $((V - 2)) tokens the model can predict" \
