@@ -60,11 +60,12 @@ endif
 LIB_OBJS := $(patsubst %.cu,$(BUILD)/%.o,$(wildcard transformer.cu)) $(patsubst %.cpp,$(BUILD)/%.o,$(wildcard tokenizer.cpp data/*.cpp))
 PROGRAMS := $(basename $(wildcard train.cpp translate.cpp))
 TESTS    := $(patsubst test/%.cpp,$(BUILD)/test/%,$(wildcard test/*.cpp))
-HEADERS  := $(wildcard *.h data/*.h test/*.h)
+HEADERS  := $(wildcard *.h data/*.h test/*.h course/*.h)
+COURSE   := $(patsubst course/%.cpp,$(BUILD)/course/%,$(wildcard course/*.cpp))
 
-.PHONY: all test bench data clean FORCE
+.PHONY: all test bench data clean grade snapshots handout submission FORCE
 .SECONDARY:  # keep the objects: they are intermediate files of pattern rules
-all: $(PROGRAMS) $(TESTS)
+all: $(PROGRAMS) $(TESTS) $(COURSE)
 
 $(BUILD)/config.stamp: FORCE
 	@mkdir -p $(BUILD)
@@ -88,6 +89,9 @@ $(PROGRAMS): %: $(BUILD)/%.o $(LIB_OBJS)
 $(BUILD)/test/%: $(BUILD)/test/%.o $(LIB_OBJS)
 	$(CXX) $^ -o $@ $(LDLIBS)
 
+$(BUILD)/course/%: $(BUILD)/course/%.o $(LIB_OBJS)
+	$(CXX) $^ -o $@ $(LDLIBS)
+
 test: all
 	ctest --test-dir test --output-on-failure
 
@@ -98,6 +102,22 @@ data:
 # Benchmarks print figures (they are not tests): see test/bench.sh.
 bench: all
 	bash test/bench.sh
+
+# Course assignments (README, "Course assignments"): the grader in any tree; the generator and the
+# snapshot writer in the solution tree only (course/handout.py and course/snapshots.cpp are not in a handout).
+grade: $(BUILD)/course/grade
+	python3 course/grade.py $(if $(HIDDEN),--hidden $(HIDDEN))
+
+snapshots: $(filter %/snapshots,$(COURSE))
+	@test -f course/snapshots.cpp || { echo "make snapshots: runs in the solution tree (course/snapshots.cpp is not in a handout)"; exit 1; }
+	$(BUILD)/course/snapshots $(if $(HIDDEN),--hidden $(HIDDEN))
+
+handout:
+	@test -f course/handout.py || { echo "make handout: runs in the solution tree (course/handout.py is not in a handout)"; exit 1; }
+	python3 course/handout.py --tasks '$(TASKS)' --out '$(OUT)'
+
+submission:
+	python3 course/grade.py --submission
 
 clean:
 	rm -rf $(BUILD) $(PROGRAMS)

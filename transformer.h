@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <stdexcept>  // the course handout's stubs throw std::logic_error
 #include <string>
 #include <vector>
 
