@@ -107,8 +107,8 @@ def grade(args):
             r = results[n]
             tests.append({
                 "name": "%s: %s" % (task, c["name"]),
-                "score": round(each if r["passed"] else 0.0, 6),
-                "max_score": round(each, 6),
+                "score": each if r["passed"] else 0.0,
+                "max_score": each,
                 "visibility": "hidden" if c["hidden"] else "visible",
                 "output": "passed" if r["passed"] else "failed: " + r["message"],
             })
@@ -126,9 +126,12 @@ def grade(args):
     if len(failed) > args.show:
         print("  ... %d more failed checks in %s" % (len(failed) - args.show, args.results))
     with open(args.results, "w") as f:
-        json.dump({"score": round(earned_total, 6), "output": "%.2f / %g points" % (earned_total, total),
+        json.dump({"score": earned_total, "output": "%.2f / %g points" % (earned_total, total),
                    "visibility": "visible", "stdout_visibility": "hidden", "tests": tests}, f, indent=1)
     print("wrote " + args.results)
+    if args.expect_full and earned_total < total - 1e-9:
+        print("grade: %.2f of %g points, and --expect-full was given" % (earned_total, total), file=sys.stderr)
+        sys.exit(1)
 
 
 def sha256(path):
@@ -165,6 +168,7 @@ def main():
     p.add_argument("--results", default="results.json", help="where to write Gradescope's results.json")
     p.add_argument("--timeout", type=int, default=300, help="seconds one task's checks may take")
     p.add_argument("--show", type=int, default=20, help="how many failed checks to print")
+    p.add_argument("--expect-full", action="store_true", help="exit 1 unless every check passes (the solution's test)")
     p.add_argument("--submission", action="store_true", help="write submission.tar.gz instead of grading")
     p.add_argument("--out", default="submission.tar.gz")
     args = p.parse_args()

@@ -91,8 +91,45 @@ def stub(region, lines):
     return [throw]
 
 
-def make_handout(root, chosen, out, keep_markers):
+def read_mutants(root):
+    """{(task, kind): [(old, [new lines])]} from course/mutants.txt (see its header)."""
+    out, key = {}, None
+    for n, line in enumerate(open(os.path.join(root, "course", "mutants.txt"), encoding="utf-8"), 1):
+        line = line.rstrip("\n")
+        if line.startswith("== "):
+            key = tuple(line[3:].split())
+            out[key] = []
+        elif line.startswith("- "):
+            out[key].append((line[2:].strip(), []))
+        elif line.startswith("+ "):
+            out[key][-1][1].append(line[2:])
+        elif line.strip() and not line.startswith("#"):
+            raise Refusal("course/mutants.txt line %d: not '== TASK KIND', '- OLD' or '+ NEW'" % n)
+    return out
+
+
+def plant(body, edits, used):
+    """A region's body with a planted wrong answer: each edit replaces the line holding its `old` text;
+    used[k] counts where edit k was found (once in all of the task's regions, or the plant is refused)."""
+    body = list(body)
+    for k, (old, new) in enumerate(edits):
+        hits = [i for i, l in enumerate(body) if old in l]
+        used[k] += len(hits)
+        if len(hits) == 1:
+            i = hits[0]
+            ind = body[i][:len(body[i]) - len(body[i].lstrip())]
+            body[i:i + 1] = [ind + x for x in new]
+    return body
+
+
+def make_handout(root, chosen, out, keep_markers, mutant=None):
     regions, points, sh = validate(root)
+    edits = None
+    if mutant:
+        edits = read_mutants(root).get(tuple(mutant))
+        if edits is None or mutant[0] not in points:
+            raise Refusal("no planted answer '%s %s' in course/mutants.txt" % tuple(mutant))
+        used = [0] * len(edits)
     if os.path.exists(out) and os.listdir(out):
         raise Refusal("OUT=%s exists and is not empty" % out)
     by_file = {}
@@ -103,13 +140,17 @@ def make_handout(root, chosen, out, keep_markers):
     for rel in tree_files(root):
         src, dst = os.path.join(root, rel), os.path.join(out, rel)
         os.makedirs(os.path.dirname(dst) or ".", exist_ok=True)
-        if rel in by_file and (rel in editable or not keep_markers):
+        mutated = mutant and any(r.task == mutant[0] for r in by_file.get(rel, []))
+        if rel in by_file and (rel in editable or not keep_markers or mutated):
             lines = open(src, encoding="utf-8").read().split("\n")
             new, last = [], 0
             for r in by_file[rel]:
                 new += lines[last:r.begin]
                 if r.task in chosen:
                     new += [lines[r.begin]] + stub(r, lines) + [lines[r.end]]
+                elif mutant and r.task == mutant[0]:
+                    body = plant(lines[r.begin + 1:r.end], edits, used)
+                    new += [lines[r.begin]] + ([] if mutant[1] == "zeros" else body) + [lines[r.end]]
                 elif keep_markers:
                     new += lines[r.begin:r.end + 1]
                 else:
@@ -123,6 +164,8 @@ def make_handout(root, chosen, out, keep_markers):
             shutil.copy2(src, dst)  # the modification time too: a build of the solution's objects stays valid
         if rel not in editable:
             manifest.append("%s  %s" % (hashlib.sha256(open(dst, "rb").read()).hexdigest(), rel))
+    if mutant and any(u != 1 for u in used):
+        raise Refusal("planted answer '%s %s': its lines are not each found once in the task's regions" % tuple(mutant))
     os.makedirs(os.path.join(out, "course"), exist_ok=True)
     with open(os.path.join(out, "course", "EDITABLE"), "w") as f:
         f.write("".join(p + "\n" for p in editable))
@@ -153,6 +196,8 @@ def main():
     p.add_argument("--keep-markers", action="store_true",
                    help="keep the markers of the tasks not chosen (CI grades every task of such a handout)")
     p.add_argument("--check", action="store_true", help="validate the markers and sheets, write nothing")
+    p.add_argument("--mutant", nargs=2, metavar=("TASK", "KIND"),
+                   help="plant a wrong answer of course/mutants.txt (CI): nothing blanked, markers kept")
     p.add_argument("--list", action="store_true", help="print the task ids and points")
     a = p.parse_args()
     try:
@@ -165,6 +210,10 @@ def main():
         if not a.out:
             raise Refusal("OUT= names the handout's folder")
         names = [t for t in a.tasks.split(",") if t]
+        if a.mutant:
+            order, _ = make_handout(a.root, set(), a.out, True, a.mutant)
+            print("solution with planted answer '%s %s' in %s" % (a.mutant[0], a.mutant[1], a.out))
+            return 0
         if names == ["all"]:
             chosen = set(points)
         elif names == ["none"]:

@@ -20,6 +20,9 @@ add_test(numbers "${BIN}/numbers")
 add_test(checkpoint "${BIN}/checkpoint")
 add_test(train_cli bash "${ROOT}/test/train_cli.sh" "${ROOT}")
 add_test(translate_cli bash "${ROOT}/test/translate_cli.sh" "${ROOT}")
+# The course grader on the solution: markers and sheets valid, every check passes, hidden example included
+# (course/ci.sh, run by .ci/run, checks handouts and planted wrong answers).
+add_test(course bash -c "cd ${ROOT} && python3 course/handout.py --check && python3 course/grade.py --expect-full --results build/course/results.json && python3 course/grade.py --expect-full --hidden course/hidden-example --results build/course/results-hidden.json")
 add_test(parity_gpu "${BIN}/parity_gpu")
 add_test(sanitize_gpu bash "${ROOT}/test/sanitize_gpu.sh" "${BIN}")
 set_tests_properties(parity_gpu sanitize_gpu PROPERTIES SKIP_RETURN_CODE 77 LABELS gpu)
