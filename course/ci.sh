@@ -8,7 +8,9 @@
 #      every other task, except tasks whose checks call it, which may lose only checks naming its stub;
 #   4. the handout with every task blanked builds completely (`make all`) and scores 0;
 #   5. every planted wrong answer of course/mutants.txt, alone in the solution, loses points on its task;
-#   6. `make submission` packs the edited files and warns about any other changed file.
+#   6. `make submission` packs the edited files and warns about any other changed file;
+#   7. Gradescope's run_autograder (course/gradescope/) on the every-task handout with the hidden example:
+#      the solution's files submitted score 100% with hidden tests, a submission that does not build 0.
 # Trees are built with CXXFLAGS=-O1 from one baseline build: a job rebuilds only what its change touches.
 #   bash course/ci.sh            everything (jobs in parallel, one per core)
 #   bash course/ci.sh --job J    one job: "blank TASK", "blank all" or "mutant TASK KIND" (used internally)
@@ -171,6 +173,32 @@ echo "# changed" >> "$d/README.md"
 out=$(cd "$d" && make -s submission 2>&1)
 if grep -q "warning: README.md was changed" <<<"$out"; then echo "ok   make submission warns about a changed README.md"
 else echo "FAIL make submission does not warn about a changed README.md"; fails=$((fails + 1)); fi
+
+echo "== course 7: Gradescope's run_autograder"
+ag=$work/ag
+mkdir -p "$ag/submission"
+cp -a "$d" "$ag/source"
+cp -r course/hidden-example "$ag/source/hidden"
+tar czf "$ag/submission/submission.tar.gz" $(cat "$d/course/EDITABLE")  # the solution's files, as make submission packs them
+AUTOGRADER=$ag bash "$ag/source/course/gradescope/run_autograder" > "$ag/run.txt" 2>&1 || true
+python3 - "$ag/results/results.json" full <<'EOF2' || fails=$((fails + 1))
+import json, sys
+r = json.load(open(sys.argv[1])); total = sum(t["max_score"] for t in r["tests"])
+hidden = sum(t["visibility"] == "hidden" for t in r["tests"])
+ok = abs(r["score"] - total) < 1e-6 and hidden > 0
+print("%s  the solution submitted: %.2f / %.2f, %d hidden tests" % ("ok  " if ok else "FAIL", r["score"], total, hidden))
+sys.exit(0 if ok else 1)
+EOF2
+rm "$ag/submission/submission.tar.gz"
+printf 'int broken(' > "$ag/submission/bleu.h"
+AUTOGRADER=$ag bash "$ag/source/course/gradescope/run_autograder" > "$ag/run-broken.txt" 2>&1 || true
+python3 - "$ag/results/results.json" <<'EOF2' || fails=$((fails + 1))
+import json, sys
+r = json.load(open(sys.argv[1]))
+ok = r["score"] == 0 and "does not build" in r["output"]
+print("%s  a submission that does not build: %.2f points, the build log in the output" % ("ok  " if ok else "FAIL", r["score"]))
+sys.exit(0 if ok else 1)
+EOF2
 
 echo "course CI: $((fails)) failures, $(( $(date +%s) - start )) s"
 [ "$fails" = 0 ]

@@ -115,7 +115,7 @@ def grade(args):
     # the table
     print("%-30s %8s %12s %10s %12s" % ("task", "checks", "worst error", "tolerance", "points"))
     for task, passed, n, worst, earned, pts, note in rows:
-        we = "-" if worst is None else ("%.3g" % worst["worst"])
+        we = "-" if worst is None or (worst["tol"] == 0 and worst["worst"] == 0) else ("%.3g" % worst["worst"])
         tol = "-" if worst is None or worst["tol"] == 0 else ("%.3g" % worst["tol"])
         print("%-30s %8s %12s %10s %12s%s" % (task, "%d/%d" % (passed, n), we, tol, "%.2f / %g" % (earned, pts),
                                               "   " + note if note else ""))
@@ -132,6 +132,23 @@ def grade(args):
     if args.expect_full and earned_total < total - 1e-9:
         print("grade: %.2f of %g points, and --expect-full was given" % (earned_total, total), file=sys.stderr)
         sys.exit(1)
+
+
+def build_failed(args):
+    """results.json for a submission that does not build: no points, the compiler's last lines as output."""
+    try:
+        points = markers.task_points(markers.read_regions("."))
+    except markers.MarkerError as e:
+        fail(str(e))
+    log = open(args.build_failed, errors="replace").read().splitlines()
+    out = "the submission does not build (make CPU=1 build/course/grade):\n" + "\n".join(log[-40:])
+    total = sum(points.values())
+    with open(args.results, "w") as f:
+        json.dump({"score": 0.0, "output": out, "visibility": "visible", "stdout_visibility": "hidden",
+                   "tests": [{"name": "%s: builds" % t, "score": 0.0, "max_score": float(p), "visibility": "visible",
+                              "output": "does not build"} for t, p in points.items()]}, f, indent=1)
+    print(out)
+    print("0 / %g points; wrote %s" % (total, args.results))
 
 
 def sha256(path):
@@ -170,13 +187,19 @@ def main():
     p.add_argument("--show", type=int, default=20, help="how many failed checks to print")
     p.add_argument("--expect-full", action="store_true", help="exit 1 unless every check passes (the solution's test)")
     p.add_argument("--submission", action="store_true", help="write submission.tar.gz instead of grading")
+    p.add_argument("--build-failed", metavar="LOG", help="write a results.json of 0 points with the build log (Gradescope)")
     p.add_argument("--out", default="submission.tar.gz")
     args = p.parse_args()
     if args.hidden and not os.path.isdir(args.hidden):
         fail("HIDDEN=%s is not a folder" % args.hidden)
     if args.hidden:
         args.hidden = os.path.abspath(args.hidden)
-    submission(args) if args.submission else grade(args)
+    if args.submission:
+        submission(args)
+    elif args.build_failed:
+        build_failed(args)
+    else:
+        grade(args)
 
 
 if __name__ == "__main__":
