@@ -7,7 +7,8 @@
 #   3. for every task, the handout with only that task blanked builds and scores 0 on it and full points on
 #      every other task, except tasks whose checks call it, which may lose only checks naming its stub;
 #   4. the handout with every task blanked builds completely (`make all`) and scores 0;
-#   5. every planted wrong answer of course/mutants.txt, alone in the solution, loses points on its task;
+#   5. every planted wrong answer of course/mutants.txt, alone in the solution, loses points on its task,
+#      and a task that hangs or crashes loses its own points only;
 #   6. `make submission` packs the edited files and warns about any other changed file;
 #   7. Gradescope's run_autograder (course/gradescope/) on the every-task handout with the hidden example:
 #      the solution's files submitted score 100% with hidden tests, a submission that does not build 0.
@@ -65,6 +66,11 @@ elif job[0] == "blank":
             problems.append("%s lost points: %s" % (t, failed[t][0]))
         elif any("TODO(task=%s)" % x not in o for o in failed[t]):
             problems.append("%s lost a check not caused by %s's stub: %s" % (t, x, [o for o in failed[t] if "TODO(task=%s)" % x not in o][0]))
+elif job[0] == "isolated":
+    t = job[1]
+    if score[t] != 0: problems.append("%s scores %.2f although it %s" % (t, score[t], "hangs" if job[2] == "hang" else "crashes"))
+    problems += ["%s lost points: %s" % (u, failed[u][0]) for u in score if u != t and score[u] < full[u] - 1e-9]
+    row = "%s %.2f/%g (%s), every other task full" % (t, score[t], full[t], failed.get(t, ["?"])[0][8:60])
 elif job[0] == "mutant":
     t = job[1]
     if not score[t] < full[t] - 1e-9: problems.append("the planted answer is not caught: %s scores %.2f/%g" % (t, score[t], full[t]))
@@ -91,9 +97,11 @@ run_job() {
   if ! make -C "$dir" CPU=1 "$target" >"$dir/build.log" 2>&1; then
     echo "FAIL $job: does not build"; tail -5 "$dir/build.log"; return 1
   fi
-  (cd "$dir" && python3 course/grade.py --results results.json >grade.txt 2>&1) || { echo "FAIL $job: the grader did not run"; tail -3 "$dir/grade.txt"; return 1; }
+  local limit=300 words=$job
+  case "$job" in *" hang" | *" crash") limit=10 words="isolated $2 $3" ;; esac
+  (cd "$dir" && python3 course/grade.py --timeout $limit --results results.json >grade.txt 2>&1) || { echo "FAIL $job: the grader did not run"; tail -3 "$dir/grade.txt"; return 1; }
   [ "$job" = "blank all" ] && cp "$dir/grade.txt" "$work/blank-all-table.txt"
-  verdict "$dir" $job
+  verdict "$dir" $words
 }
 
 if [ "${1:-}" = --job ]; then
@@ -160,7 +168,7 @@ sort -k2 "$work/jobs.log" | grep -v '^ok' || true
 echo "$(grep -c '^ok' "$work/jobs.log") of $(wc -l < "$work/jobs.txt") jobs ok"
 [ "$(grep -c '^ok' "$work/jobs.log")" = "$(wc -l < "$work/jobs.txt")" ] || fails=$((fails + 1))
 echo "-- planted wrong answers: the task's score"
-grep ' mutant ' "$work/jobs.log" | sort -k2 || true
+grep -E ' (mutant|isolated) ' "$work/jobs.log" | sort -k2 || true
 echo "-- the handout with every task blanked"
 cat "$work/blank-all-table.txt" 2>/dev/null | sed -n '1,/^total/p'
 
