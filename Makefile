@@ -3,6 +3,10 @@
 #
 #   make            nvcc found: transformer.cu compiled by nvcc (CPU + CUDA paths)
 #   make CPU=1      transformer.cu compiled by g++ as C++ (CPU path only)
+#   make EMU=1      transformer.cu compiled by g++ against cuda_emulator.h: the CUDA path runs on the CPU
+#
+# Whatever the configuration, `make test` also builds the GPU tests against the emulator, with
+# AddressSanitizer and UndefinedBehaviorSanitizer, in build/emu/ (see "The emulated GPU" in NOTES.md).
 #
 # Objects go to build/; a stamp records the configuration so switching CPU=1 on or off rebuilds.
 
@@ -13,7 +17,7 @@ LDLIBS   :=
 BUILD    := build
 
 # ---- probes ------------------------------------------------------------------------------------
-ifeq ($(CPU),1)
+ifneq ($(filter 1,$(CPU) $(EMU)),)
   NVCC :=
 else
   NVCC := $(shell command -v nvcc 2>/dev/null)
@@ -51,19 +55,32 @@ ifneq ($(NVCC),)
   NVCCFLAGS += -DTRANSFORMER_CUDA
   CONFIG   := cuda
   $(info ✓ nvcc ($(NVCC)): CUDA path compiled)
+else ifeq ($(EMU),1)
+  CXXFLAGS += -DTRANSFORMER_CUDA -DTRANSFORMER_EMULATED_GPU
+  CONFIG   := emu
+  $(info ✓ EMU=1: transformer.cu compiled by $(CXX) against cuda_emulator.h (the CUDA path on an emulated GPU))
 else
   CONFIG   := cpu
   $(info ✗ nvcc not used$(if $(filter 1,$(CPU)), (CPU=1),): transformer.cu compiled by $(CXX) as C++, CPU path only)
 endif
 
+# The emulated GPU's tests: the GPU section compiled by g++ against cuda_emulator.h, with the sanitizers.
+EMU_BUILD    := $(BUILD)/emu
+SANITIZERS   := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+EMU_CXXFLAGS := -O1 -g -std=c++17 -Wall -Wextra -Wno-unused-parameter $(filter -fopenmp,$(CXXFLAGS)) \
+                $(shell pkg-config --cflags libutf8proc) -DTRANSFORMER_CUDA -DTRANSFORMER_EMULATED_GPU $(SANITIZERS)
+EMU_LDLIBS   := $(shell pkg-config --libs libutf8proc) $(filter -fopenmp,$(LDLIBS))
+EMU_TESTS    := $(EMU_BUILD)/test/parity_gpu $(EMU_BUILD)/test/cuda_emulator
+
 # ---- sources -----------------------------------------------------------------------------------
 LIB_OBJS := $(patsubst %.cu,$(BUILD)/%.o,$(wildcard transformer.cu)) $(patsubst %.cpp,$(BUILD)/%.o,$(wildcard tokenizer.cpp data/*.cpp))
 PROGRAMS := $(basename $(wildcard train.cpp translate.cpp))
-TESTS    := $(patsubst test/%.cpp,$(BUILD)/test/%,$(wildcard test/*.cpp))
+TESTS    := $(patsubst test/%.cpp,$(BUILD)/test/%,$(filter-out test/cuda_emulator.cpp,$(wildcard test/*.cpp)))
 HEADERS  := $(wildcard *.h data/*.h test/*.h course/*.h)
 COURSE   := $(patsubst course/%.cpp,$(BUILD)/course/%,$(wildcard course/*.cpp))
+EMU_OBJS := $(EMU_BUILD)/transformer.o $(EMU_BUILD)/tokenizer.o $(EMU_BUILD)/data/numbers.o
 
-.PHONY: all test bench data clean grade snapshots handout submission FORCE
+.PHONY: all emu test mutants bench data clean grade snapshots handout submission FORCE
 .SECONDARY:  # keep the objects: they are intermediate files of pattern rules
 all: $(PROGRAMS) $(TESTS) $(COURSE)
 
@@ -79,6 +96,17 @@ $(BUILD)/transformer.o: transformer.cu $(HEADERS) $(BUILD)/config.stamp
 	$(CXX) $(CXXFLAGS) -x c++ -c $< -o $@
 endif
 
+$(EMU_BUILD)/transformer.o: transformer.cu $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -x c++ -c $< -o $@
+
+$(EMU_BUILD)/%.o: %.cpp $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
+
+$(EMU_BUILD)/test/%: $(EMU_BUILD)/test/%.o $(EMU_OBJS)
+	$(CXX) $(EMU_CXXFLAGS) $^ -o $@ $(EMU_LDLIBS)
+
 $(BUILD)/%.o: %.cpp $(HEADERS) $(BUILD)/config.stamp
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -c $< -o $@
@@ -92,8 +120,14 @@ $(BUILD)/test/%: $(BUILD)/test/%.o $(LIB_OBJS)
 $(BUILD)/course/%: $(BUILD)/course/%.o $(LIB_OBJS)
 	$(CXX) $^ -o $@ $(LDLIBS)
 
-test: all
+emu: $(EMU_TESTS)
+
+test: all emu
 	ctest --test-dir test --output-on-failure
+
+# Bugs planted in copies of transformer.cu, each of which the emulated parity_gpu must catch.
+mutants: emu
+	bash test/mutants_gpu.sh "$(CXX)" "$(EMU_CXXFLAGS)" "$(EMU_LDLIBS)"
 
 # Multi30k into data/multi30k (from $MULTI30K_DIR when set, else downloaded): see data/get_multi30k.sh.
 data:

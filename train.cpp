@@ -484,7 +484,7 @@ void limit_openmp_spinning(char** argv) {
 int main(int argc, char** argv) {
   limit_openmp_spinning(argv);
   Options o = parse(argc, argv);
-  if (o.device.empty()) o.device = gpu_available() ? "cuda" : "cpu";
+  if (o.device.empty()) o.device = gpu_available() && !gpu_emulated() ? "cuda" : "cpu";
   Corpus corpus = load_corpus(o);
   Config cfg = build_config(o, corpus.numbers);
   if (o.out.empty()) o.out = corpus.numbers ? "runs/numbers" : "runs/multi30k-" + o.src + "-" + o.tgt;
@@ -577,7 +577,7 @@ int main(int argc, char** argv) {
   }
   std::printf("model: N=%d D=%d F=%d H=%d V=%d, %s, %.2fM parameters, dropout %.2f, label smoothing %.2f, device %s%s\n", cfg.N,
               cfg.D, cfg.F, cfg.H, cfg.V, cfg.pre_ln ? "pre-LN" : "post-LN", m.params.size() / 1e6, cfg.p_drop, cfg.eps_ls,
-              o.device.c_str(), o.tf32 ? " (TF32)" : "");
+              o.device.c_str(), o.device == "cuda" ? (" (" + gpu_name() + (o.tf32 ? ", TF32)" : ")")).c_str() : "");
 
   const std::vector<std::vector<int>> batches = length_batches(train, o.batch_tokens);
   std::printf("batches: %zu per epoch, about %d source and %d target tokens each [§5.1]; run folder %s\n", batches.size(),

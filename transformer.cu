@@ -1662,10 +1662,27 @@ template struct Transformer<double>;
 
 // ---- the GPU path ----------------------------------------------------------------------------------
 // Kernels and cuBLAS for every operation of namespace cpu, same names and argument order, float on device
-// pointers. Compiled only by nvcc; test/parity_gpu.cpp holds each one to its CPU definition.
-#ifdef __CUDACC__
+// pointers; test/parity_gpu.cpp holds each one to its CPU definition. Compiled by nvcc, or by g++ against
+// cuda_emulator.h (TRANSFORMER_EMULATED_GPU), which runs the same kernels on the CPU for the tests: the
+// includes and the launch below are the only lines that differ between the two.
+#ifdef TRANSFORMER_CUDA
+#ifdef TRANSFORMER_EMULATED_GPU
+#include "cuda_emulator.h"
+constexpr bool kEmulatedGpu = true;
+#define KERNEL_LAUNCH(kernel, grid, block, shared, ...) ::emu::launch(#kernel, kernel, grid, block, shared, __VA_ARGS__)
+#else
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+constexpr bool kEmulatedGpu = false;
+#define KERNEL_LAUNCH(kernel, grid, block, shared, ...) kernel<<<grid, block, shared>>>(__VA_ARGS__)
+// The block's dynamic shared memory (the launch's third argument), as an array of T.
+template <typename T> __device__ T* dynamic_shared() {
+  extern __shared__ __align__(16) unsigned char dynamic_shared_bytes[];
+  return (T*)dynamic_shared_bytes;
+}
+#endif
+// Every kernel is launched through LAUNCH, which checks the launch.
+#define LAUNCH(kernel, grid, block, shared, ...) (KERNEL_LAUNCH(kernel, grid, block, shared, __VA_ARGS__), check_launch())
 
 #define CUDA_CHECK(call) cuda_check((call), #call, __FILE__, __LINE__)
 #define CUBLAS_CHECK(call) cublas_check((call), #call, __FILE__, __LINE__)
@@ -1687,6 +1704,11 @@ static void cublas_check(cublasStatus_t s, const char* what, const char* file, i
 bool gpu_available() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+bool gpu_emulated() { return kEmulatedGpu; }
+std::string gpu_name() {
+  cudaDeviceProp prop;
+  return gpu_available() && cudaGetDeviceProperties(&prop, 0) == cudaSuccess ? prop.name : "";
 }
 
 namespace gpu {
@@ -1734,8 +1756,7 @@ static void check_launch() { CUDA_CHECK(cudaGetLastError()); }
 __global__ void fill_kernel(float* p, float value, size_t n) { GRID_STRIDE(i, n) p[i] = value; }
 void fill(float* p, float value, size_t n) {
   if (n == 0) return;
-  fill_kernel<<<blocks_for(n), 256>>>(p, value, n);
-  check_launch();
+  LAUNCH(fill_kernel, blocks_for(n), 256, 0, p, value, n);
 }
 
 // Sum over a block of 256 threads (every thread gets the result).
@@ -1792,7 +1813,7 @@ static const float* ones(size_t n) {
 
 void linear_forward(float* out, const float* in, const float* w, const float* b, int M, int I, int O) {
   gemm(false, false, M, O, I, in, I, w, O, out, O, false);
-  if (b) add_bias_kernel<<<blocks_for((size_t)M * O), 256>>>(out, b, M, O), check_launch();
+  if (b) LAUNCH(add_bias_kernel, blocks_for((size_t)M * O), 256, 0, out, b, M, O);
 }
 
 void linear_backward(float* din, float* dw, float* db, const float* dout, const float* in, const float* w, int M, int I, int O) {
@@ -1811,13 +1832,11 @@ __global__ void dropout_backward_kernel(float* din, const float* dout, DropoutKe
 }
 void dropout_forward(float* out, const float* in, DropoutKey key, size_t n) {
   if (n == 0 || (key.p == 0 && out == in)) return;
-  dropout_forward_kernel<<<blocks_for(n), 256>>>(out, in, key, n, key.p == 0 ? 1.f : (float)(1.0 / (1.0 - key.p)));
-  check_launch();
+  LAUNCH(dropout_forward_kernel, blocks_for(n), 256, 0, out, in, key, n, key.p == 0 ? 1.f : (float)(1.0 / (1.0 - key.p)));
 }
 void dropout_backward(float* din, const float* dout, DropoutKey key, size_t n) {
   if (n == 0) return;
-  dropout_backward_kernel<<<blocks_for(n), 256>>>(din, dout, key, n, key.p == 0 ? 1.f : (float)(1.0 / (1.0 - key.p)));
-  check_launch();
+  LAUNCH(dropout_backward_kernel, blocks_for(n), 256, 0, din, dout, key, n, key.p == 0 ? 1.f : (float)(1.0 / (1.0 - key.p)));
 }
 
 // ---- §3.4, §3.5 embeddings -------------------------------------------------------------------------
@@ -1836,13 +1855,11 @@ __global__ void embedding_backward_kernel(float* demb, const float* dout, const 
 void embedding_forward(float* out, const int* ids, const float* emb, int B, int L, int D, int first_pos) {
   const size_t n = (size_t)B * L * D;
   if (n == 0) return;
-  embedding_forward_kernel<<<blocks_for(n), 256>>>(out, ids, emb, L, D, first_pos, n);
-  check_launch();
+  LAUNCH(embedding_forward_kernel, blocks_for(n), 256, 0, out, ids, emb, L, D, first_pos, n);
 }
 void embedding_backward(float* demb, const float* dout, const int* ids, int B, int L, int D) {
   const size_t n = (size_t)B * L * D;
-  embedding_backward_kernel<<<blocks_for(n), 256>>>(demb, dout, ids, D, n);
-  check_launch();
+  LAUNCH(embedding_backward_kernel, blocks_for(n), 256, 0, demb, dout, ids, D, n);
 }
 
 // ---- [Eq. 1, §3.2.1] attention: one block per (batch, head, query) row ------------------------------
@@ -1893,7 +1910,7 @@ constexpr int kMaxKeysBackward = 8192;  // the longest key row whose dL/dp fits 
 // the row's dL/dp (Lk floats of dynamic shared memory).
 __global__ void attention_backward_kernel(float* dq, float* dk, float* dv, const float* dctx, const float* p, const float* q,
                                           const float* k, const float* v, DropoutKey drop, int H, int Lq, int Lk, int D) {
-  extern __shared__ float dsh[];
+  float* dsh = dynamic_shared<float>();
   __shared__ float red[kRowThreads];
   const int i = blockIdx.x % Lq, h = (blockIdx.x / Lq) % H, b = blockIdx.x / (Lq * H), Dk = D / H;
   const float scale = rsqrtf((float)Dk), keep_scale = (float)(1.0 / (1.0 - drop.p));
@@ -1939,8 +1956,7 @@ __global__ void attention_backward_kernel(float* dq, float* dk, float* dv, const
 void attention_forward(float* ctx, float* p, const float* q, const float* k, const float* v, const uint8_t* key_valid,
                        bool causal, DropoutKey drop, int B, int Lq, int Lk, int D, int H) {
   if ((size_t)B * H * Lq == 0) return;
-  attention_forward_kernel<<<B * H * Lq, kAttentionThreads>>>(ctx, p, q, k, v, key_valid, causal, drop, H, Lq, Lk, D);
-  check_launch();
+  LAUNCH(attention_forward_kernel, B * H * Lq, kAttentionThreads, 0, ctx, p, q, k, v, key_valid, causal, drop, H, Lq, Lk, D);
 }
 
 void attention_backward(float* dq, float* dk, float* dv, const float* dctx, const float* p, const float* q, const float* k,
@@ -1948,8 +1964,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dctx, cons
   if ((size_t)B * H * Lq == 0) return;
   if (Lk > kMaxKeysBackward)
     throw std::invalid_argument("gpu::attention_backward: key length " + std::to_string(Lk) + " > " + std::to_string(kMaxKeysBackward));
-  attention_backward_kernel<<<B * H * Lq, kAttentionThreads, Lk * sizeof(float)>>>(dq, dk, dv, dctx, p, q, k, v, drop, H, Lq, Lk, D);
-  check_launch();
+  LAUNCH(attention_backward_kernel, B * H * Lq, kAttentionThreads, Lk * sizeof(float), dq, dk, dv, dctx, p, q, k, v, drop, H, Lq, Lk, D);
 }
 
 void multihead_attention_forward(float* out, const AttentionActs<float>& a, const float* xq, const float* xkv,
@@ -1992,8 +2007,7 @@ void ffn_forward(float* out, const FfnActs<float>& a, const float* in, const Ffn
                  int M, int D, int F) {
   const size_t n = (size_t)M * F;
   linear_forward(a.hpre, in, w.w1, w.b1, M, D, F);
-  relu_kernel<<<blocks_for(n), 256>>>(a.h, a.hpre, n);
-  check_launch();
+  LAUNCH(relu_kernel, blocks_for(n), 256, 0, a.h, a.hpre, n);
   dropout_forward(a.h, a.h, relu_drop, n);
   linear_forward(out, a.h, w.w2, w.b2, M, F, D);
 }
@@ -2003,8 +2017,7 @@ void ffn_backward(float* din, const FfnWeights<float>& dw, float* dh, const floa
   const size_t n = (size_t)M * F;
   fill(dh, 0, n);
   linear_backward(dh, dw.w2, dw.b2, dout, a.h, w.w2, M, F, D);
-  relu_backward_kernel<<<blocks_for(n), 256>>>(dh, a.hpre, relu_drop, n, relu_drop.p > 0 ? (float)(1.0 / (1.0 - relu_drop.p)) : 1.f);
-  check_launch();
+  LAUNCH(relu_backward_kernel, blocks_for(n), 256, 0, dh, a.hpre, relu_drop, n, relu_drop.p > 0 ? (float)(1.0 / (1.0 - relu_drop.p)) : 1.f);
   linear_backward(din, dw.w1, dw.b1, dh, in, w.w1, M, D, F);
 }
 
@@ -2066,16 +2079,13 @@ __global__ void layernorm_param_grads_kernel(float* dg, float* db, const float* 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* in, const float* g, const float* b, int M, int D,
                        double eps) {
   if (M == 0) return;
-  layernorm_forward_kernel<<<M, kRowThreads>>>(out, mean, rstd, in, g, b, D, (float)eps);
-  check_launch();
+  LAUNCH(layernorm_forward_kernel, M, kRowThreads, 0, out, mean, rstd, in, g, b, D, (float)eps);
 }
 void layernorm_backward(float* din, float* dg, float* db, const float* dout, const float* in, const float* g,
                         const float* mean, const float* rstd, int M, int D) {
   if (M == 0) return;
-  layernorm_backward_kernel<<<M, kRowThreads>>>(din, dout, in, g, mean, rstd, D);
-  check_launch();
-  layernorm_param_grads_kernel<<<(M + kLnRows - 1) / kLnRows, kRowThreads>>>(dg, db, dout, in, mean, rstd, M, D);
-  check_launch();
+  LAUNCH(layernorm_backward_kernel, M, kRowThreads, 0, din, dout, in, g, mean, rstd, D);
+  LAUNCH(layernorm_param_grads_kernel, (M + kLnRows - 1) / kLnRows, kRowThreads, 0, dg, db, dout, in, mean, rstd, M, D);
 }
 
 __global__ void residual_forward_kernel(float* out, const float* x, const float* y, size_t n) { GRID_STRIDE(i, n) out[i] = x[i] + y[i]; }
@@ -2083,10 +2093,10 @@ __global__ void residual_backward_kernel(float* dx, float* dy, const float* dout
   GRID_STRIDE(i, n) dx[i] += dout[i], dy[i] += dout[i];
 }
 void residual_forward(float* out, const float* x, const float* y, size_t n) {
-  if (n) residual_forward_kernel<<<blocks_for(n), 256>>>(out, x, y, n), check_launch();
+  if (n) LAUNCH(residual_forward_kernel, blocks_for(n), 256, 0, out, x, y, n);
 }
 void residual_backward(float* dx, float* dy, const float* dout, size_t n) {
-  if (n) residual_backward_kernel<<<blocks_for(n), 256>>>(dx, dy, dout, n), check_launch();
+  if (n) LAUNCH(residual_backward_kernel, blocks_for(n), 256, 0, dx, dy, dout, n);
 }
 
 // ---- §3.4 the pre-softmax projection (the shared embedding) ------------------------------------------
@@ -2149,8 +2159,7 @@ double label_smoothed_xent_forward(float* lse, const float* logits, const int* t
   if (M == 0) return 0;
   CUDA_CHECK(cudaMemsetAsync(scalar(kLossSum), 0, sizeof(double)));
   CUDA_CHECK(cudaMemsetAsync(scalar(kTokenCount), 0, sizeof(double)));
-  xent_forward_kernel<<<M, kRowThreads>>>(lse, scalar(kLossSum), scalar(kTokenCount), logits, targets, V, qt, qo, pad);
-  check_launch();
+  LAUNCH(xent_forward_kernel, M, kRowThreads, 0, lse, scalar(kLossSum), scalar(kTokenCount), logits, targets, V, qt, qo, pad);
   double total = 0, n = 0;  // the one read-back of a step: the sum over real tokens and their count
   CUDA_CHECK(cudaMemcpy(&total, scalar(kLossSum), sizeof(double), cudaMemcpyDeviceToHost));
   CUDA_CHECK(cudaMemcpy(&n, scalar(kTokenCount), sizeof(double), cudaMemcpyDeviceToHost));
@@ -2164,10 +2173,8 @@ void label_smoothed_xent_backward(float* dlogits, const float* logits, const flo
   if (M == 0) return;
   // the number of real tokens is counted on the device: nothing comes back to the host
   CUDA_CHECK(cudaMemsetAsync(scalar(kTokenCount), 0, sizeof(double)));
-  count_targets_kernel<<<std::min(blocks_for(M), 64u), kRowThreads>>>(scalar(kTokenCount), targets, M, pad);
-  check_launch();
-  xent_backward_kernel<<<M, kRowThreads>>>(dlogits, logits, lse, targets, V, (float)qt, (float)qo, scalar(kTokenCount), pad);
-  check_launch();
+  LAUNCH(count_targets_kernel, std::min(blocks_for(M), 64u), kRowThreads, 0, scalar(kTokenCount), targets, M, pad);
+  LAUNCH(xent_backward_kernel, M, kRowThreads, 0, dlogits, logits, lse, targets, V, (float)qt, (float)qo, scalar(kTokenCount), pad);
 }
 
 // ---- §5.3 Adam over the whole buffer, the gradient norm ---------------------------------------------
@@ -2183,7 +2190,7 @@ __global__ void adam_kernel(float* params, const float* grads, float* m, float* 
 void adam_update(float* params, const float* grads, float* m, float* v, size_t n, double lr, double beta1, double beta2,
                  double eps, long t) {
   const double c1 = 1 - std::pow(beta1, (double)t), c2 = 1 - std::pow(beta2, (double)t);
-  if (n) adam_kernel<<<blocks_for(n), 256>>>(params, grads, m, v, n, lr, beta1, beta2, eps, c1, c2), check_launch();
+  if (n) LAUNCH(adam_kernel, blocks_for(n), 256, 0, params, grads, m, v, n, lr, beta1, beta2, eps, c1, c2);
 }
 
 __global__ void square_sum_kernel(double* out, const float* g, size_t n) {
@@ -2196,14 +2203,14 @@ __global__ void square_sum_kernel(double* out, const float* g, size_t n) {
 double grad_norm(const float* grads, size_t n) {
   double* sum = scalar(kSquareSum);
   CUDA_CHECK(cudaMemsetAsync(sum, 0, sizeof(double)));
-  if (n) square_sum_kernel<<<std::min(blocks_for(n), 1024u), 256>>>(sum, grads, n), check_launch();
+  if (n) LAUNCH(square_sum_kernel, std::min(blocks_for(n), 1024u), 256, 0, sum, grads, n);
   double host = 0;
   CUDA_CHECK(cudaMemcpy(&host, sum, sizeof(double), cudaMemcpyDeviceToHost));
   return std::sqrt(host);
 }
 __global__ void scale_kernel(float* g, size_t n, float f) { GRID_STRIDE(i, n) g[i] *= f; }
 void scale_grads(float* grads, size_t n, double factor) {
-  if (n) scale_kernel<<<blocks_for(n), 256>>>(grads, n, (float)factor), check_launch();
+  if (n) LAUNCH(scale_kernel, blocks_for(n), 256, 0, grads, n, (float)factor);
 }
 
 // ---- §6 decoding's own operations --------------------------------------------------------------------
@@ -2224,8 +2231,7 @@ __global__ void log_softmax_kernel(float* out, const float* logits, int V) {
 }
 void log_softmax(float* out, const float* logits, int M, int V) {
   if (M == 0) return;
-  log_softmax_kernel<<<M, kRowThreads>>>(out, logits, V);
-  check_launch();
+  LAUNCH(log_softmax_kernel, M, kRowThreads, 0, out, logits, V);
 }
 
 __global__ void copy_rows_kernel(float* dst, size_t dst_stride, const float* src, size_t src_stride, const int* index,
@@ -2238,8 +2244,7 @@ __global__ void copy_rows_kernel(float* dst, size_t dst_stride, const float* src
 void copy_rows(float* dst, size_t dst_stride, const float* src, size_t src_stride, const int* index, int rows, size_t width) {
   const size_t n = (size_t)rows * width;
   if (n == 0) return;
-  copy_rows_kernel<<<blocks_for(n), 256>>>(dst, dst_stride, src, src_stride, index, width, n);
-  check_launch();
+  LAUNCH(copy_rows_kernel, blocks_for(n), 256, 0, dst, dst_stride, src, src_stride, index, width, n);
 }
 
 // n elements of device memory, zeroed, released with the object (decoding's caches).
@@ -2393,7 +2398,9 @@ void set_tf32(bool on) {
   CUBLAS_CHECK(cublasSetMathMode(gpu::blas(), on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH));
 }
 #else
-bool gpu_available() { return false; }  // compiled by g++: no CUDA path in this build
+bool gpu_available() { return false; }  // compiled by g++ without the emulator: no CUDA path in this build
+bool gpu_emulated() { return false; }
+std::string gpu_name() { return ""; }
 static std::unique_ptr<DeviceModel> make_gpu_model(Transformer<float>&) {
   throw std::runtime_error("--device cuda: this build has no CUDA path (built with CPU=1 or without nvcc); use --device cpu");
 }

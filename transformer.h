@@ -394,8 +394,13 @@ void copy_rows(T* dst, size_t dst_stride, const T* src, size_t src_stride, const
 }  // namespace cpu
 
 // ---- the GPU path (CUDA kernels and cuBLAS) ----------------------------------------------------------------
-// True when this build has the CUDA path and a GPU is present.
+// True when this build has the CUDA path and a GPU is present (an emulated one counts: see gpu_emulated).
 bool gpu_available();
+// True when the GPU is cuda_emulator.h's, run on the CPU for testing (make EMU=1): the programs then choose
+// --device cpu unless asked for cuda.
+bool gpu_emulated();
+// The GPU's name as the runtime gives it ("" without a CUDA path or GPU), for the programs' model line.
+std::string gpu_name();
 // The GPU's matrix products in TF32 tensor-core math (a speed option: 10-bit mantissas in the products)
 // or, the default and the reference, pedantic fp32. Throws std::runtime_error without a GPU.
 void set_tf32(bool on);

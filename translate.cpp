@@ -234,7 +234,7 @@ int main(int argc, char** argv) {
       fail(vocab_path + " is not the vocabulary " + o.model + " was trained with (hash mismatch)");
     if (tok.vocab_size() != m.cfg.V)
       fail(vocab_path + " has " + std::to_string(tok.vocab_size()) + " tokens but the model has " + std::to_string(m.cfg.V));
-    if (o.device.empty()) o.device = gpu_available() ? "cuda" : "cpu";
+    if (o.device.empty()) o.device = gpu_available() && !gpu_emulated() ? "cuda" : "cpu";
     if (o.device == "cuda") transformer_to_device(m, Device::cuda);  // decoding and its K/V caches on the GPU
     if (o.batch < 0) o.batch = o.device == "cuda" ? 200 : 32;
 

@@ -41,6 +41,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench: --batch, --len (>= 2), --steps must be positive; --device cpu or cuda; --tf32 needs cuda\n");
     return 2;
   }
+  if (device == "cuda" && gpu_emulated()) {  // bench.sh's probe: benchmark rows of this build run on the CPU
+    std::fprintf(stderr, "bench: this build's GPU is the emulated one (make EMU=1), a test instrument: no GPU figures\n");
+    return 2;
+  }
   try {
     Config c = config_preset(config);
     c.V = 8000;  // the shared vocabulary of the benchmark shapes

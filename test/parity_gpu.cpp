@@ -7,7 +7,8 @@
 // CPU's SIMD reductions) differ by ~1e-7 absolute, which a smaller floor would count against values
 // that cancel to near zero. (Measured on the CPU: fp32 against double over the whole model's step,
 // floor 1e-4 puts ~200 of 6188 gradient elements over 1e-5, floor 0.1 none, worst 1.8e-6.)
-// Exits 77 when the build has no CUDA path or no GPU is present (CTest: skipped).
+// Runs on the GPU, or on the emulated GPU of cuda_emulator.h in the emulated build (build/emu/test/parity_gpu,
+// which make test runs on every machine); exits 77 when the build has no CUDA path or no GPU is present.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -58,17 +59,17 @@ struct Buf {
 
 struct Report {
   Checker& ck;
-  // compares the device copy of b with its host copy (the CPU result)
-  void same(const Buf& b, const std::string& what) {
+  // compares the device copy of b with its host copy (the CPU result), relative to max(|cpu|, floor)
+  void same(const Buf& b, const std::string& what, double floor = kFloor) {
     std::vector<float> g = b.get();
     double worst = 0;
     size_t at = 0;
     for (size_t i = 0; i < g.size(); ++i) {
-      const double err = std::fabs((double)g[i] - b.h[i]) / std::fmax(std::fabs((double)b.h[i]), kFloor);
+      const double err = std::fabs((double)g[i] - b.h[i]) / std::fmax(std::fabs((double)b.h[i]), floor);
       if (!(err <= worst)) worst = err, at = i;  // NaN counts as the worst
     }
-    std::printf("  %-44s max rel err %.3g (tol %.0e, floor %.0e)\n", what.c_str(), worst, kTol, kFloor);
-    ck.close(g.empty() ? 0 : g[at], g.empty() ? 0 : b.h[at], kTol, kTol * kFloor, (what + "[" + std::to_string(at) + "]").c_str());
+    std::printf("  %-44s max rel err %.3g (tol %.0e, floor %.0e)\n", what.c_str(), worst, kTol, floor);
+    ck.close(g.empty() ? 0 : g[at], g.empty() ? 0 : b.h[at], kTol, kTol * floor, (what + "[" + std::to_string(at) + "]").c_str());
   }
 };
 
@@ -79,6 +80,7 @@ int main() {
     std::printf("parity_gpu: no GPU present: skipped\n");
     return 77;
   }
+  std::printf("parity_gpu: on %s\n", gpu_name().c_str());
   set_tf32(false);
   Checker ck("parity_gpu");
   Report rep{ck};
@@ -271,8 +273,11 @@ int main() {
     cpu::layernorm_backward(din.h.data(), dg.h.data(), db.h.data(), dout.h.data(), in.h.data(), g.h.data(), mean.h.data(), rstd.h.data(), rows, width);
     gpu::layernorm_backward(din.d, dg.d, db.d, dout.d, in.d, g.d, mean.d, rstd.d, rows, width);
     rep.same(din, "layernorm_backward din" + tag);
-    rep.same(dg, "layernorm_backward dg" + tag);
-    rep.same(db, "layernorm_backward db" + tag);
+    // dg and db are column sums over the rows: fp32 sums of `rows` O(1) terms in another order differ by
+    // ~rows x 1e-7 absolute (measured: 2.0e-6 on a dg of -0.036 over 67 rows), so the floor grows with them
+    const double sum_floor = kFloor * std::max(1, rows / 10);
+    rep.same(dg, "layernorm_backward dg" + tag, sum_floor);
+    rep.same(db, "layernorm_backward db" + tag, sum_floor);
   }
   {
     const size_t n = (size_t)M * D;

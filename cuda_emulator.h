@@ -1,0 +1,925 @@
+// cuda_emulator.h: a CUDA emulator for testing the GPU section of transformer.cu on a machine without a GPU.
+//
+// transformer.cu's GPU section compiles either with nvcc against the CUDA runtime and cuBLAS, or with g++
+// against this header (TRANSFORMER_EMULATED_GPU), from the same source; kernels launch through one macro.
+// This is a test instrument, not a fast path: it runs each block's threads as fibers (glibc ucontext) on
+// the calling thread, one block after another, and switches between a block's threads only where CUDA
+// makes them meet (__syncthreads, the warp collectives). What it checks along the way:
+//   - __syncthreads is a barrier over the block's threads: reached by only some of them (others returned,
+//     or wait at another __syncthreads), it is an error naming the kernel, the block and the lines;
+//   - a warp collective (__shfl_*_sync, __ballot_sync, __syncwarp) is a step over the lanes of its mask:
+//     every lane named must reach the same collective with the same mask, and a lane may only read from a
+//     lane of the mask;
+//   - threads that wait on each other forever (a deadlock) are reported, never hung; a kernel still
+//     running after CUDA_EMULATOR_TIMEOUT seconds (default 300: a spin-wait on another block) is too;
+//   - launches are refused as CUDA refuses them (cudaErrorInvalidConfiguration for more than 1024
+//     threads or a zero grid, cudaErrorInvalidValue for dynamic shared memory over 48 KiB unless raised
+//     with cudaFuncSetAttribute);
+//   - device allocations are separate host allocations filled with NaN bytes (AddressSanitizer sees an
+//     access past their end; a read of memory nothing wrote shows as NaN); copies must stay inside them.
+// The order in which a block's threads run between two meeting points, and the order of the blocks, is
+// set by CUDA_EMULATOR_ORDER: inorder (default), reverse, or shuffle (reshuffled at every meeting point,
+// seeded by CUDA_EMULATOR_SEED): a missing __syncthreads or a race on shared memory gives another result
+// under another order. An execution error is sticky as on a GPU: every later call returns
+// cudaErrorLaunchFailure, and cudaGetErrorString gives the emulator's one-line finding.
+// What it cannot show (NOTES.md, "The emulated GPU"): timing, occupancy, code that relies on a warp's
+// lockstep without a sync, races between blocks, memory ordering, nvcc's FMA contraction and fast math.
+#pragma once
+
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "transformer.h"  // cpu::gemm computes cuBLAS's products
+
+#if defined(__SANITIZE_ADDRESS__)
+#define CUDA_EMULATOR_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define CUDA_EMULATOR_ASAN 1
+#endif
+#endif
+
+// ---- the language: qualifiers, built-in variables, intrinsics ----------------------------------------
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+// Static shared memory: one copy per kernel, which each block in turn uses (blocks run one at a time).
+#define __shared__ static
+
+struct uint3 {
+  unsigned x, y, z;
+};
+struct dim3 {
+  unsigned x, y, z;
+  dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+constexpr int warpSize = 32;
+
+inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
+
+// ---- the runtime API's types -----------------------------------------------------------------------
+enum cudaError_t {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorMemoryAllocation = 2,
+  cudaErrorInvalidConfiguration = 9,
+  cudaErrorInvalidDevicePointer = 17,
+  cudaErrorInvalidMemcpyDirection = 21,
+  cudaErrorLaunchFailure = 719,
+};
+enum cudaMemcpyKind {
+  cudaMemcpyHostToHost = 0,
+  cudaMemcpyHostToDevice = 1,
+  cudaMemcpyDeviceToHost = 2,
+  cudaMemcpyDeviceToDevice = 3,
+  cudaMemcpyDefault = 4,
+};
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+struct CUstream_st {};
+struct CUevent_st {};
+using cudaStream_t = CUstream_st*;
+using cudaEvent_t = CUevent_st*;
+constexpr unsigned cudaEventDefault = 0, cudaEventDisableTiming = 2;
+struct cudaDeviceProp {
+  char name[256];
+  size_t totalGlobalMem, sharedMemPerBlock, sharedMemPerBlockOptin;
+  int maxThreadsPerBlock, warpSize, major, minor, multiProcessorCount;
+};
+
+// ---- fibers ---------------------------------------------------------------------------------------------
+// A fiber's context. On x86-64 a switch saves the callee-saved registers and the floating-point control
+// words on the stack it leaves and loads them from the one it enters: glibc's swapcontext also saves the
+// signal mask, a system call that made it 80% of the emulator's time. Elsewhere (or with
+// CUDA_EMULATOR_UCONTEXT defined) the fibers are glibc's ucontext.
+#if defined(__x86_64__) && !defined(CUDA_EMULATOR_UCONTEXT)
+// switch_stack(save, load): *save = the stack pointer after pushing, then pop from load and return there.
+// A local symbol, so that each translation unit that includes this header has its own copy.
+asm(R"(
+  .text
+  .type emu_switch_stack, @function
+emu_switch_stack:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size emu_switch_stack, .-emu_switch_stack
+)");
+extern "C" void emu_switch_stack(void** save, void* load);
+namespace emu {
+struct Context {
+  void* sp = nullptr;
+};
+// A context that starts entry() on the stack [stack, stack + size), laid out as emu_switch_stack pops it.
+inline void make_context(Context& c, char* stack, size_t size, void (*entry)()) {
+  void** sp = (void**)((uintptr_t)(stack + size) & ~(uintptr_t)15);
+  *--sp = nullptr;         // entry's return address: it never returns
+  *--sp = (void*)entry;    // where the first switch returns to
+  for (int i = 0; i < 6; ++i) *--sp = nullptr;  // rbp, rbx, r12-r15
+  --sp;
+  asm volatile("stmxcsr (%0)\n\tfnstcw 4(%0)" : : "r"(sp) : "memory");  // the creator's rounding and exception modes
+  c.sp = sp;
+}
+inline void swap_context(Context& from, Context& to) { emu_switch_stack(&from.sp, to.sp); }
+}  // namespace emu
+#else
+namespace emu {
+struct Context {
+  ucontext_t uc;
+};
+inline void make_context(Context& c, char* stack, size_t size, void (*entry)()) {
+  getcontext(&c.uc);
+  c.uc.uc_stack.ss_sp = stack;
+  c.uc.uc_stack.ss_size = size;
+  c.uc.uc_link = nullptr;
+  makecontext(&c.uc, entry, 0);
+}
+inline void swap_context(Context& from, Context& to) { swapcontext(&from.uc, &to.uc); }
+}  // namespace emu
+#endif
+
+namespace emu {
+
+constexpr size_t kSharedDefault = 48 * 1024, kSharedOptin = 227 * 1024;  // an H100's limits per block
+constexpr unsigned kMaxThreads = 1024;
+constexpr size_t kStackBytes = 64 * 1024;  // per emulated thread; kernels' frames are small
+
+enum class Order { inorder, reverse, shuffle };
+enum class Wait { running, barrier, warp, exited };
+enum class Collective { shfl, shfl_xor, shfl_down, ballot, syncwarp };
+inline const char* collective_name(Collective c) {
+  static const char* names[] = {"__shfl_sync", "__shfl_xor_sync", "__shfl_down_sync", "__ballot_sync", "__syncwarp"};
+  return names[(int)c];
+}
+
+// One emulated thread: its fiber, its index, and what it waits for.
+struct Thread {
+  uint3 idx;
+  size_t fiber = 0;  // the fiber it runs on, once started
+  unsigned lane, warp;
+  Wait wait = Wait::running;
+  int line = 0;  // the line of the __syncthreads or collective it waits at
+  Collective kind = Collective::syncwarp;
+  unsigned mask = 0;
+  uint64_t value = 0, result = 0;  // a collective's operand and its outcome
+  int arg = 0, width = 32;
+};
+
+struct State {
+  // the launch in progress
+  const char* kernel = "";
+  uint3 block_idx{0, 0, 0};
+  dim3 block_dim, grid_dim;
+  std::vector<Thread> threads;
+  Thread* current = nullptr;
+  std::vector<unsigned> start_order;  // the order in which the block's threads start
+  size_t started = 0;                 // how many have
+  std::vector<Context> fibers = std::vector<Context>(kMaxThreads);  // one per stack, never moved (a ucontext points into itself)
+  size_t fibers_used = 0;
+  Context scheduler;
+  void (*body)(void*) = nullptr;
+  void* body_arg = nullptr;
+  unsigned char* dynamic_shared = nullptr;
+  std::string failure;  // the first finding of this block, empty while none
+  // fibers' stacks, mapped once and reused, each above a guard page
+  std::vector<char*> stacks;
+  const void* scheduler_stack = nullptr;  // the scheduler's stack, as AddressSanitizer's fiber switches need it
+  size_t scheduler_stack_size = 0;
+  // the device
+  std::map<uintptr_t, size_t> device_allocations, pinned_allocations;
+  std::map<const void*, size_t> shared_limit;  // raised with cudaFuncSetAttribute
+  cudaError_t last_error = cudaSuccess, sticky_error = cudaSuccess;
+  std::string sticky_detail;
+  std::map<cudaError_t, std::string> detail_of;  // the last finding behind each error, for cudaGetErrorString
+  Order order = Order::inorder;
+  std::mt19937_64 rng;
+  unsigned timeout = 300;
+
+  State() {
+    const char* o = std::getenv("CUDA_EMULATOR_ORDER");
+    const std::string name = o ? o : "inorder";
+    if (name == "reverse") order = Order::reverse;
+    else if (name == "shuffle") order = Order::shuffle;
+    else if (name != "inorder") {
+      std::fprintf(stderr, "cuda_emulator: CUDA_EMULATOR_ORDER=%s: expected inorder, reverse or shuffle\n", name.c_str());
+      std::exit(2);
+    }
+    const char* seed = std::getenv("CUDA_EMULATOR_SEED");
+    rng.seed(seed ? std::strtoull(seed, nullptr, 10) : 1);
+    if (const char* t = std::getenv("CUDA_EMULATOR_TIMEOUT")) timeout = (unsigned)std::strtoul(t, nullptr, 10);
+  }
+};
+inline State& state() {
+  static State s;
+  return s;
+}
+inline const char* order_name() {
+  static const char* names[] = {"inorder", "reverse", "shuffle"};
+  return names[(int)state().order];
+}
+
+inline Thread& this_thread() { return *state().current; }
+
+inline char* stack_of(size_t i) {
+  State& s = state();
+  while (s.stacks.size() <= i) {
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    void* p = mmap(nullptr, kStackBytes + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+      std::fprintf(stderr, "cuda_emulator: cannot map a thread's stack\n");
+      std::abort();
+    }
+    mprotect(p, page, PROT_NONE);  // an overflowing stack faults instead of writing over another
+    s.stacks.push_back((char*)p + page);
+  }
+  return s.stacks[i];
+}
+
+
+// Switches from the scheduler into fiber f, until its thread waits or its threads have returned.
+// (AddressSanitizer is told of each switch between stacks; no fake stacks are kept, so stack use after
+// return is not looked for on fibers.)
+inline void switch_to_fiber(size_t f) {
+  State& s = state();
+#ifdef CUDA_EMULATOR_ASAN
+  __sanitizer_start_switch_fiber(nullptr, stack_of(f), kStackBytes);
+#endif
+  swap_context(s.scheduler, s.fibers[f]);
+#ifdef CUDA_EMULATOR_ASAN
+  __sanitizer_finish_switch_fiber(nullptr, nullptr, nullptr);
+#endif
+  s.current = nullptr;
+}
+
+// Switches from the running fiber back to the scheduler; returns when the scheduler resumes it.
+inline void suspend() {
+  State& s = state();
+#ifdef CUDA_EMULATOR_ASAN
+  __sanitizer_start_switch_fiber(nullptr, s.scheduler_stack, s.scheduler_stack_size);
+#endif
+  swap_context(s.fibers[s.current->fiber], s.scheduler);
+#ifdef CUDA_EMULATOR_ASAN
+  __sanitizer_finish_switch_fiber(nullptr, &s.scheduler_stack, &s.scheduler_stack_size);
+#endif
+}
+
+// A fiber runs the next thread not yet started; when that thread returns without having waited, the same
+// fiber runs the next one, so a block whose threads never meet needs one fiber, not one per thread.
+inline void fiber_main() {
+  State& s = state();
+#ifdef CUDA_EMULATOR_ASAN
+  __sanitizer_finish_switch_fiber(nullptr, &s.scheduler_stack, &s.scheduler_stack_size);
+#endif
+  const size_t f = s.fibers_used - 1;
+  do {
+    Thread& t = s.threads[s.start_order[s.started++]];
+    t.fiber = f;
+    s.current = &t;
+    s.body(s.body_arg);
+    s.current->wait = Wait::exited;
+  } while (s.started < s.threads.size());
+  suspend();  // never resumed
+}
+
+// Starts a fiber on the next unstarted thread: the first round of a block.
+inline void start_fiber() {
+  State& s = state();
+  const size_t f = s.fibers_used++;
+#ifdef CUDA_EMULATOR_ASAN
+  __asan_unpoison_memory_region(stack_of(f), kStackBytes);  // frames a finding left behind on a reused stack
+#endif
+  make_context(s.fibers[f], stack_of(f), kStackBytes, fiber_main);
+  switch_to_fiber(f);
+}
+
+// ---- meeting points: __syncthreads and the warp collectives -------------------------------------------
+inline void syncthreads(int line) {
+  Thread& t = this_thread();
+  t.wait = Wait::barrier, t.line = line;
+  suspend();
+}
+
+template <typename T> uint64_t to_bits(T v) {
+  static_assert(sizeof(T) <= sizeof(uint64_t), "a warp collective moves at most 8 bytes");
+  uint64_t b = 0;
+  std::memcpy(&b, &v, sizeof v);
+  return b;
+}
+template <typename T> T from_bits(uint64_t b) {
+  T v;
+  std::memcpy(&v, &b, sizeof v);
+  return v;
+}
+
+inline uint64_t collective(Collective kind, unsigned mask, uint64_t value, int arg, int width, int line) {
+  Thread& t = this_thread();
+  t.wait = Wait::warp, t.kind = kind, t.mask = mask, t.value = value, t.arg = arg, t.width = width, t.line = line;
+  suspend();
+  return t.result;
+}
+
+inline std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+inline std::string format(const char* fmt, ...) {
+  char buf[512];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  return buf;
+}
+
+// The lane a collective of t reads from (t's own lane where CUDA returns the caller's value).
+inline unsigned source_lane(const Thread& t) {
+  const unsigned base = t.lane & ~(unsigned)(t.width - 1);
+  switch (t.kind) {
+    case Collective::shfl: return base + ((unsigned)t.arg & (t.width - 1));
+    case Collective::shfl_xor: {
+      const unsigned src = t.lane ^ (unsigned)t.arg;
+      return src >= base + t.width ? t.lane : src;  // a later group's lane: the caller's own value
+    }
+    case Collective::shfl_down: return (t.lane - base) + (unsigned)t.arg >= (unsigned)t.width ? t.lane : t.lane + t.arg;
+    default: return t.lane;
+  }
+}
+
+// Completes every warp collective whose mask's lanes have all arrived at it. Returns whether one did;
+// a finding goes to state().failure.
+inline bool complete_collectives() {
+  State& s = state();
+  bool progress = false;
+  for (Thread& t : s.threads) {
+    if (t.wait != Wait::warp) continue;
+    const char* name = collective_name(t.kind);
+    const unsigned base = t.warp * warpSize;
+    if (!(t.mask >> t.lane & 1u)) {
+      s.failure = format("%s at line %d: lane %u calls it with mask 0x%08x, which leaves the lane out", name, t.line, t.lane, t.mask);
+      return false;
+    }
+    if (t.kind != Collective::ballot && t.kind != Collective::syncwarp &&
+        (t.width < 1 || t.width > warpSize || (t.width & (t.width - 1)))) {
+      s.failure = format("%s at line %d: width %d is not a power of 2 up to 32", name, t.line, t.width);
+      return false;
+    }
+    bool ready = true;
+    for (unsigned l = 0; l < (unsigned)warpSize; ++l) {
+      if (!(t.mask >> l & 1u)) continue;
+      if (base + l >= s.threads.size()) {
+        s.failure = format("%s at line %d: mask 0x%08x names lane %u, which this block does not have", name, t.line, t.mask, l);
+        return false;
+      }
+      const Thread& u = s.threads[base + l];
+      if (u.wait == Wait::exited) {
+        s.failure = format("%s at line %d: mask 0x%08x names lane %u, which has returned (a collective only some lanes reach)",
+                           name, t.line, t.mask, l);
+        return false;
+      }
+      ready = ready && u.wait == Wait::warp && u.kind == t.kind && u.mask == t.mask;
+    }
+    if (!ready) continue;
+    uint64_t ballot = 0;
+    for (unsigned l = 0; l < (unsigned)warpSize; ++l)
+      if (t.mask >> l & 1u) ballot |= (uint64_t)(s.threads[base + l].value != 0) << l;
+    for (unsigned l = 0; l < (unsigned)warpSize; ++l) {
+      if (!(t.mask >> l & 1u)) continue;
+      Thread& u = s.threads[base + l];
+      const unsigned src = source_lane(u);
+      if (src != u.lane && !(t.mask >> src & 1u)) {
+        s.failure = format("%s at line %d: lane %u reads lane %u, which is not in the mask 0x%08x", name, u.line, u.lane, src, t.mask);
+        return false;
+      }
+      u.result = u.kind == Collective::ballot ? ballot : s.threads[base + src].value;
+      u.wait = Wait::running;
+    }
+    progress = true;
+  }
+  return progress;
+}
+
+// When every thread is waiting: releases a __syncthreads that all of them reached, or says why none can
+// go on. Returns whether the block goes on.
+inline bool release_barrier() {
+  State& s = state();
+  size_t exited = 0, at_barrier = 0;
+  int line = -1;
+  bool same_line = true;
+  for (const Thread& t : s.threads) {
+    exited += t.wait == Wait::exited;
+    if (t.wait == Wait::barrier) {
+      ++at_barrier;
+      same_line = same_line && (line < 0 || t.line == line);
+      line = t.line;
+    }
+  }
+  const size_t live = s.threads.size() - exited;
+  if (at_barrier == live && exited > 0) {
+    s.failure = format("__syncthreads at line %d reached by %zu of the block's %zu threads; the other %zu returned", line,
+                       at_barrier, s.threads.size(), exited);
+    return false;
+  }
+  if (at_barrier == live && !same_line) {
+    std::string lines;
+    for (const Thread& t : s.threads)
+      if (t.wait == Wait::barrier && lines.find(" " + std::to_string(t.line) + ",") == std::string::npos) lines += " " + std::to_string(t.line) + ",";
+    lines.pop_back();
+    s.failure = "threads wait at different __syncthreads (lines" + lines + "): a barrier only some threads reach";
+    return false;
+  }
+  if (at_barrier == live) {
+    for (Thread& t : s.threads) t.wait = Wait::running;
+    return true;
+  }
+  // Some wait at a collective that cannot complete: a deadlock. Say where each group waits.
+  std::map<std::string, size_t> where;
+  for (const Thread& t : s.threads) {
+    if (t.wait == Wait::barrier) ++where[format("__syncthreads at line %d", t.line)];
+    if (t.wait == Wait::warp) ++where[format("%s at line %d (mask 0x%08x)", collective_name(t.kind), t.line, t.mask)];
+  }
+  std::string what;
+  for (const auto& [w, n] : where) what += (what.empty() ? "" : ", ") + std::to_string(n) + " at " + w;
+  s.failure = "deadlock: " + what + (exited ? ", " + std::to_string(exited) + " returned" : "");
+  return false;
+}
+
+// Visits the indices 0..n-1 in the order CUDA_EMULATOR_ORDER asks for.
+inline const std::vector<unsigned>& visiting_order(std::vector<unsigned>& order, size_t n) {
+  State& s = state();
+  order.resize(n);
+  for (size_t i = 0; i < n; ++i) order[i] = (unsigned)(s.order == Order::reverse ? n - 1 - i : i);
+  if (s.order == Order::shuffle) std::shuffle(order.begin(), order.end(), s.rng);
+  return order;
+}
+
+// Runs one block to its end, or to its first finding (state().failure).
+inline void run_block() {
+  State& s = state();
+  const size_t n = (size_t)s.block_dim.x * s.block_dim.y * s.block_dim.z;
+  s.threads.assign(n, Thread{});
+  for (size_t i = 0; i < n; ++i) {
+    Thread& t = s.threads[i];
+    t.idx = {(unsigned)(i % s.block_dim.x), (unsigned)(i / s.block_dim.x % s.block_dim.y),
+             (unsigned)(i / ((size_t)s.block_dim.x * s.block_dim.y))};
+    t.lane = (unsigned)(i % warpSize), t.warp = (unsigned)(i / warpSize);
+    t.fiber = SIZE_MAX;
+  }
+  visiting_order(s.start_order, n);
+  s.started = 0, s.fibers_used = 0;
+  while (s.started < n) start_fiber();  // each thread runs until it waits or returns
+  std::vector<unsigned> order;
+  for (;;) {
+    bool all_exited = true;
+    for (const Thread& t : s.threads) all_exited = all_exited && t.wait == Wait::exited;
+    if (all_exited) return;
+    if (!complete_collectives()) {
+      if (!s.failure.empty() || !release_barrier()) return;
+    }
+    for (unsigned i : visiting_order(order, n))
+      if (s.threads[i].wait == Wait::running) s.current = &s.threads[i], switch_to_fiber(s.threads[i].fiber);
+  }
+}
+
+// ---- errors as the runtime reports them ------------------------------------------------------------------
+inline cudaError_t fail(cudaError_t e, const std::string& detail) {
+  State& s = state();
+  s.last_error = e, s.detail_of[e] = detail;
+  return e;
+}
+// An error of the device, sticky as on a GPU: every later call returns it.
+inline cudaError_t fail_sticky(const std::string& detail) {
+  State& s = state();
+  if (s.sticky_error == cudaSuccess) {
+    s.sticky_error = cudaErrorLaunchFailure, s.sticky_detail = detail;
+    std::fprintf(stderr, "cuda_emulator: %s\n", detail.c_str());
+  }
+  return fail(cudaErrorLaunchFailure, detail);
+}
+
+// Whether [p, p + bytes) lies inside one allocation of the map; why not, otherwise.
+inline bool inside(const std::map<uintptr_t, size_t>& allocations, const void* p, size_t bytes, std::string* why) {
+  const uintptr_t a = (uintptr_t)p;
+  auto it = allocations.upper_bound(a);
+  if (it == allocations.begin() || a >= std::prev(it)->first + std::max<size_t>(std::prev(it)->second, 1)) {
+    *why = format("%p is not device memory", p);
+    return false;
+  }
+  --it;
+  if (a + bytes > it->first + it->second) {
+    *why = format("%zu bytes at %p run %zu bytes past the end of the device allocation of %zu bytes at %p", bytes, p,
+                  (size_t)(a + bytes - it->first - it->second), it->second, (void*)it->first);
+    return false;
+  }
+  return true;
+}
+
+inline void on_timeout(int) {
+  const char* a = "cuda_emulator: kernel ";
+  const char* b = " still runs after CUDA_EMULATOR_TIMEOUT seconds (a thread waiting on another block?)\n";
+  if (write(2, a, std::strlen(a)) < 0 || write(2, state().kernel, std::strlen(state().kernel)) < 0 || write(2, b, std::strlen(b)) < 0) {}
+  _exit(124);
+}
+
+template <typename Kernel, typename Args> struct Launch {
+  Kernel kernel;
+  Args args;
+  static void run(void* p) {
+    Launch& l = *(Launch*)p;
+    std::apply(l.kernel, l.args);
+  }
+};
+
+// kernel<<<grid, block, shared>>>(args...): every block of the grid, one after another.
+template <typename... P, typename... A>
+void launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_t shared, A&&... args) {
+  State& s = state();
+  if (s.sticky_error != cudaSuccess) return (void)fail(s.sticky_error, s.sticky_detail);
+  const size_t threads = (size_t)block.x * block.y * block.z;
+  const std::string config = format("kernel %s<<<(%u,%u,%u), (%u,%u,%u), %zu>>>", name, grid.x, grid.y, grid.z, block.x, block.y,
+                                    block.z, shared);
+  if (threads == 0 || threads > kMaxThreads || block.x > 1024 || block.y > 1024 || block.z > 64)
+    return (void)fail(cudaErrorInvalidConfiguration, config + ": a block has 1 to 1024 threads");
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535)
+    return (void)fail(cudaErrorInvalidConfiguration, config + ": a grid has 1 to 2^31-1 x 65535 x 65535 blocks");
+  auto raised = s.shared_limit.find((const void*)kernel);
+  const size_t limit = raised == s.shared_limit.end() ? kSharedDefault : raised->second;
+  if (shared > limit)
+    return (void)fail(cudaErrorInvalidValue, config + format(": %zu bytes of dynamic shared memory, over the %zu allowed", shared, limit));
+  using Args = std::tuple<std::decay_t<P>...>;
+  Launch<void (*)(P...), Args> call{kernel, Args(std::forward<A>(args)...)};  // converted as a launch converts them
+  s.body = &Launch<void (*)(P...), Args>::run, s.body_arg = &call;
+  s.kernel = name, s.grid_dim = grid, s.block_dim = block;
+  std::vector<unsigned char> dynamic(std::max<size_t>(shared, 1));  // its own allocation: AddressSanitizer guards its end
+  s.dynamic_shared = dynamic.data();
+  signal(SIGALRM, on_timeout);
+  alarm(s.timeout);
+  std::vector<unsigned> order;
+  const size_t blocks = (size_t)grid.x * grid.y * grid.z;
+  for (unsigned b : visiting_order(order, blocks)) {
+    s.block_idx = {(unsigned)(b % grid.x), (unsigned)(b / grid.x % grid.y), (unsigned)(b / ((size_t)grid.x * grid.y))};
+    std::fill(dynamic.begin(), dynamic.end(), 0xFF);  // NaN in every float nothing wrote
+    run_block();
+    if (!s.failure.empty()) {
+      fail_sticky(config + format(", block (%u,%u,%u): ", s.block_idx.x, s.block_idx.y, s.block_idx.z) + s.failure);
+      s.failure.clear();
+      break;
+    }
+  }
+  alarm(0);
+  s.threads.clear();
+  s.dynamic_shared = nullptr;
+}
+
+}  // namespace emu
+
+// ---- the built-in variables, shared memory, the collectives and atomics as kernels call them --------------
+#define threadIdx (static_cast<const uint3&>(::emu::this_thread().idx))
+#define blockIdx (static_cast<const uint3&>(::emu::state().block_idx))
+#define blockDim (static_cast<const dim3&>(::emu::state().block_dim))
+#define gridDim (static_cast<const dim3&>(::emu::state().grid_dim))
+
+template <typename T> T* dynamic_shared() { return (T*)::emu::state().dynamic_shared; }
+
+inline void __syncthreads(int line = __builtin_LINE()) { ::emu::syncthreads(line); }
+inline void __syncwarp(unsigned mask = 0xffffffffu, int line = __builtin_LINE()) {
+  ::emu::collective(::emu::Collective::syncwarp, mask, 0, 0, warpSize, line);
+}
+inline unsigned __ballot_sync(unsigned mask, int predicate, int line = __builtin_LINE()) {
+  return (unsigned)::emu::collective(::emu::Collective::ballot, mask, predicate != 0, 0, warpSize, line);
+}
+template <typename T> T __shfl_sync(unsigned mask, T var, int src_lane, int width = warpSize, int line = __builtin_LINE()) {
+  return ::emu::from_bits<T>(::emu::collective(::emu::Collective::shfl, mask, ::emu::to_bits(var), src_lane, width, line));
+}
+template <typename T> T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = warpSize, int line = __builtin_LINE()) {
+  return ::emu::from_bits<T>(::emu::collective(::emu::Collective::shfl_xor, mask, ::emu::to_bits(var), lane_mask, width, line));
+}
+template <typename T> T __shfl_down_sync(unsigned mask, T var, unsigned delta, int width = warpSize, int line = __builtin_LINE()) {
+  return ::emu::from_bits<T>(::emu::collective(::emu::Collective::shfl_down, mask, ::emu::to_bits(var), (int)delta, width, line));
+}
+
+// Fibers switch only at meeting points, so a read-modify-write is atomic as written.
+template <typename T> T atomicAdd(T* address, T value) {
+  const T old = *address;
+  *address = old + value;
+  return old;
+}
+template <typename T> T atomicMax(T* address, T value) {
+  const T old = *address;
+  *address = old < value ? value : old;
+  return old;
+}
+template <typename T> T atomicCAS(T* address, T compare, T value) {
+  const T old = *address;
+  if (old == compare) *address = value;
+  return old;
+}
+
+// ---- the runtime API ------------------------------------------------------------------------------
+inline const char* cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidDevicePointer: return "cudaErrorInvalidDevicePointer";
+    case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
+    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+  }
+  return "cudaErrorUnknown";
+}
+// CUDA's message, followed by what the emulator found where it has a finding for this error.
+inline const char* cudaGetErrorString(cudaError_t e) {
+  static const std::map<cudaError_t, const char*> text = {
+      {cudaSuccess, "no error"},
+      {cudaErrorInvalidValue, "invalid argument"},
+      {cudaErrorMemoryAllocation, "out of memory"},
+      {cudaErrorInvalidConfiguration, "invalid configuration argument"},
+      {cudaErrorInvalidDevicePointer, "invalid device pointer"},
+      {cudaErrorInvalidMemcpyDirection, "invalid copy direction for memcpy"},
+      {cudaErrorLaunchFailure, "unspecified launch failure"},
+  };
+  thread_local std::string message;
+  const emu::State& s = emu::state();
+  auto it = text.find(e);
+  message = it == text.end() ? "unrecognized error code" : it->second;
+  const std::string& detail = e == s.sticky_error ? s.sticky_detail : s.detail_of.count(e) ? s.detail_of.at(e) : std::string();
+  if (e != cudaSuccess && !detail.empty()) message += " (emulated GPU: " + detail + ")";
+  return message.c_str();
+}
+inline cudaError_t cudaGetLastError() {
+  emu::State& s = emu::state();
+  const cudaError_t e = s.sticky_error != cudaSuccess ? s.sticky_error : s.last_error;
+  if (s.sticky_error == cudaSuccess) s.last_error = cudaSuccess;
+  return e;
+}
+inline cudaError_t cudaPeekAtLastError() {
+  const emu::State& s = emu::state();
+  return s.sticky_error != cudaSuccess ? s.sticky_error : s.last_error;
+}
+// The result of a call that does nothing on the device: the sticky error if there is one.
+inline cudaError_t emu_status() { return emu::state().sticky_error; }
+
+inline cudaError_t cudaGetDeviceCount(int* n) {
+  *n = 1;
+  return cudaSuccess;
+}
+inline cudaError_t cudaSetDevice(int d) { return d == 0 ? emu_status() : emu::fail(cudaErrorInvalidValue, "device " + std::to_string(d) + " does not exist"); }
+inline cudaError_t cudaGetDevice(int* d) {
+  *d = 0;
+  return emu_status();
+}
+inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
+  if (d != 0) return emu::fail(cudaErrorInvalidValue, "device " + std::to_string(d) + " does not exist");
+  *p = cudaDeviceProp{};
+  std::snprintf(p->name, sizeof p->name, "emulated GPU (cuda_emulator.h, thread order %s)", emu::order_name());
+  p->totalGlobalMem = (size_t)80 << 30, p->sharedMemPerBlock = emu::kSharedDefault, p->sharedMemPerBlockOptin = emu::kSharedOptin;
+  p->maxThreadsPerBlock = (int)emu::kMaxThreads, p->warpSize = warpSize, p->major = 9, p->minor = 0, p->multiProcessorCount = 1;
+  return cudaSuccess;
+}
+template <typename... P> cudaError_t cudaFuncSetAttribute(void (*kernel)(P...), cudaFuncAttribute attr, int value) {
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 || (size_t)value > emu::kSharedOptin)
+    return emu::fail(cudaErrorInvalidValue, emu::format("cudaFuncSetAttribute: %d bytes of dynamic shared memory (at most %zu)", value, emu::kSharedOptin));
+  emu::state().shared_limit[(const void*)kernel] = (size_t)value;
+  return emu_status();
+}
+
+inline cudaError_t cudaMalloc(void** p, size_t bytes) {
+  emu::State& s = emu::state();
+  if (s.sticky_error != cudaSuccess) return s.sticky_error;
+  void* m = std::malloc(std::max<size_t>(bytes, 1));
+  if (!m) return emu::fail(cudaErrorMemoryAllocation, emu::format("cudaMalloc of %zu bytes", bytes));
+  std::memset(m, 0xFF, bytes);  // NaN in every float until written
+  s.device_allocations[(uintptr_t)m] = bytes;
+  *p = m;
+  return cudaSuccess;
+}
+template <typename T> cudaError_t cudaMalloc(T** p, size_t bytes) { return cudaMalloc((void**)p, bytes); }
+inline cudaError_t cudaFree(void* p) {
+  emu::State& s = emu::state();
+  if (!p) return emu_status();
+  auto it = s.device_allocations.find((uintptr_t)p);
+  if (it == s.device_allocations.end()) return emu::fail(cudaErrorInvalidValue, emu::format("cudaFree(%p): not a pointer cudaMalloc returned", p));
+  s.device_allocations.erase(it);
+  std::free(p);
+  return emu_status();
+}
+inline cudaError_t cudaMallocHost(void** p, size_t bytes) {
+  emu::State& s = emu::state();
+  void* m = std::malloc(std::max<size_t>(bytes, 1));
+  if (!m) return emu::fail(cudaErrorMemoryAllocation, emu::format("cudaMallocHost of %zu bytes", bytes));
+  s.pinned_allocations[(uintptr_t)m] = bytes;
+  *p = m;
+  return emu_status();
+}
+template <typename T> cudaError_t cudaMallocHost(T** p, size_t bytes) { return cudaMallocHost((void**)p, bytes); }
+inline cudaError_t cudaFreeHost(void* p) {
+  emu::State& s = emu::state();
+  if (!p) return emu_status();
+  auto it = s.pinned_allocations.find((uintptr_t)p);
+  if (it == s.pinned_allocations.end()) return emu::fail(cudaErrorInvalidValue, emu::format("cudaFreeHost(%p): not a pointer cudaMallocHost returned", p));
+  s.pinned_allocations.erase(it);
+  std::free(p);
+  return emu_status();
+}
+
+inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  emu::State& s = emu::state();
+  if (s.sticky_error != cudaSuccess) return s.sticky_error;
+  if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) return emu::fail(cudaErrorInvalidMemcpyDirection, "cudaMemcpy: kind " + std::to_string((int)kind));
+  if (bytes == 0) return cudaSuccess;
+  std::string why;
+  const bool to_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+  const bool from_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+  if (to_device && !emu::inside(s.device_allocations, dst, bytes, &why)) return emu::fail(cudaErrorInvalidValue, "cudaMemcpy destination: " + why);
+  if (from_device && !emu::inside(s.device_allocations, src, bytes, &why)) return emu::fail(cudaErrorInvalidValue, "cudaMemcpy source: " + why);
+  std::memcpy(dst, src, bytes);
+  return cudaSuccess;
+}
+// Streams are synchronous: an asynchronous call has finished when it returns.
+inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t = nullptr) {
+  return cudaMemcpy(dst, src, bytes, kind);
+}
+inline cudaError_t cudaMemset(void* p, int value, size_t bytes) {
+  emu::State& s = emu::state();
+  if (s.sticky_error != cudaSuccess) return s.sticky_error;
+  std::string why;
+  if (bytes && !emu::inside(s.device_allocations, p, bytes, &why)) return emu::fail(cudaErrorInvalidValue, "cudaMemset: " + why);
+  std::memset(p, value, bytes);
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t = nullptr) { return cudaMemset(p, value, bytes); }
+inline cudaError_t cudaDeviceSynchronize() { return emu_status(); }
+// As on a GPU: every allocation is released and every error, sticky ones too, is cleared.
+inline cudaError_t cudaDeviceReset() {
+  emu::State& s = emu::state();
+  for (auto& a : s.device_allocations) std::free((void*)a.first);
+  for (auto& a : s.pinned_allocations) std::free((void*)a.first);
+  s.device_allocations.clear(), s.pinned_allocations.clear(), s.shared_limit.clear();
+  s.last_error = s.sticky_error = cudaSuccess, s.sticky_detail.clear(), s.detail_of.clear();
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamCreate(cudaStream_t* stream) {
+  *stream = new CUstream_st;
+  return emu_status();
+}
+inline cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  delete stream;
+  return emu_status();
+}
+inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return emu_status(); }
+inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) {
+  *event = new CUevent_st;
+  return emu_status();
+}
+inline cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, cudaEventDefault); }
+inline cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  delete event;
+  return emu_status();
+}
+inline cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t = nullptr) { return emu_status(); }
+inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return emu_status(); }
+
+// ---- cuBLAS: the calls the GPU section makes, as the cuBLAS documentation defines them -------------------
+enum cublasStatus_t {
+  CUBLAS_STATUS_SUCCESS = 0,
+  CUBLAS_STATUS_NOT_INITIALIZED = 1,
+  CUBLAS_STATUS_ALLOC_FAILED = 3,
+  CUBLAS_STATUS_INVALID_VALUE = 7,
+  CUBLAS_STATUS_EXECUTION_FAILED = 13,
+};
+enum cublasOperation_t { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1, CUBLAS_OP_C = 2 };
+enum cublasMath_t { CUBLAS_DEFAULT_MATH = 0, CUBLAS_PEDANTIC_MATH = 2, CUBLAS_TF32_TENSOR_OP_MATH = 3 };
+struct cublasContext {
+  cublasMath_t math = CUBLAS_DEFAULT_MATH;
+};
+using cublasHandle_t = cublasContext*;
+
+inline const char* cublasGetStatusString(cublasStatus_t s) {
+  switch (s) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+  }
+  return "CUBLAS_STATUS_UNKNOWN";
+}
+inline cublasStatus_t cublasCreate(cublasHandle_t* h) {
+  *h = new cublasContext;
+  return CUBLAS_STATUS_SUCCESS;
+}
+inline cublasStatus_t cublasDestroy(cublasHandle_t h) {
+  delete h;
+  return CUBLAS_STATUS_SUCCESS;
+}
+inline cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t mode) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (mode != CUBLAS_DEFAULT_MATH && mode != CUBLAS_PEDANTIC_MATH && mode != CUBLAS_TF32_TENSOR_OP_MATH) return CUBLAS_STATUS_INVALID_VALUE;
+  h->math = mode;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+namespace emu {
+// A column-major operand of r rows and c columns with leading dimension ld, as a span of device memory.
+inline bool operand_inside(const char* call, const char* name, const float* p, int r, int c, int ld) {
+  if (r == 0 || c == 0) return true;
+  std::string why;
+  if (inside(state().device_allocations, p, ((size_t)(c - 1) * ld + r) * sizeof(float), &why)) return true;
+  fail_sticky(format("%s: %s (%d x %d, ld %d): ", call, name, r, c, ld) + why);
+  return false;
+}
+// TF32: the operand's mantissa rounded to 10 bits (to nearest, ties to even), as the tensor cores read it.
+inline std::vector<float> tf32_copy(const float* p, int r, int c, int ld) {
+  std::vector<float> out(c == 0 ? 0 : (size_t)(c - 1) * ld + r);
+  for (size_t i = 0; i < out.size(); ++i) {
+    uint32_t b = to_bits(p[i]) & 0xffffffffu;
+    if ((b & 0x7f800000u) != 0x7f800000u) b = (b + 0xfffu + ((b >> 13) & 1u)) & ~0x1fffu;
+    out[i] = from_bits<float>(b);
+  }
+  return out;
+}
+// C = alpha op(A) op(B) + beta C, column-major (m x n, op(A) m x k). Row-major, C is C^T (n x m, ld ldc) and
+// C^T = op(B)^T op(A)^T, which cpu::gemm computes from the same memory with the transposes as given.
+inline cublasStatus_t sgemm(cublasHandle_t h, const char* call, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                            const float* alpha, const float* A, int lda, const float* B, int ldb, const float* beta, float* C, int ldc) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  const bool at = ta != CUBLAS_OP_N, bt = tb != CUBLAS_OP_N;
+  if (ta < CUBLAS_OP_N || ta > CUBLAS_OP_C || tb < CUBLAS_OP_N || tb > CUBLAS_OP_C || m < 0 || n < 0 || k < 0 ||
+      lda < std::max(1, at ? k : m) || ldb < std::max(1, bt ? n : k) || ldc < std::max(1, m))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  if (state().sticky_error != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
+  if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+  if (!operand_inside(call, "A", A, at ? k : m, at ? m : k, lda) || !operand_inside(call, "B", B, bt ? n : k, bt ? k : n, ldb) ||
+      !operand_inside(call, "C", C, m, n, ldc))
+    return CUBLAS_STATUS_EXECUTION_FAILED;
+  std::vector<float> a32, b32;
+  if (h->math == CUBLAS_TF32_TENSOR_OP_MATH) {
+    a32 = tf32_copy(A, at ? k : m, at ? m : k, lda), b32 = tf32_copy(B, bt ? n : k, bt ? k : n, ldb);
+    A = a32.data(), B = b32.data();
+  }
+  if (*alpha == 1 && (*beta == 0 || *beta == 1)) {
+    cpu::gemm<float>(bt, at, n, m, k, B, ldb, A, lda, C, ldc, *beta == 1);
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  std::vector<float> product((size_t)n * m);
+  cpu::gemm<float>(bt, at, n, m, k, B, ldb, A, lda, product.data(), m, false);
+  for (int j = 0; j < n; ++j)
+    for (int i = 0; i < m; ++i) {
+      float& c = C[(size_t)j * ldc + i];
+      c = *alpha * product[(size_t)j * m + i] + (*beta == 0 ? 0.f : *beta * c);  // beta 0: C is not read
+    }
+  return CUBLAS_STATUS_SUCCESS;
+}
+}  // namespace emu
+
+inline cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const float* alpha,
+                                  const float* A, int lda, const float* B, int ldb, const float* beta, float* C, int ldc) {
+  return emu::sgemm(h, "cublasSgemm", ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+inline cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                                                const float* alpha, const float* A, int lda, long long stride_a, const float* B, int ldb,
+                                                long long stride_b, const float* beta, float* C, int ldc, long long stride_c, int batches) {
+  if (batches < 0) return CUBLAS_STATUS_INVALID_VALUE;
+  for (int i = 0; i < batches; ++i) {
+    const cublasStatus_t s = emu::sgemm(h, "cublasSgemmStridedBatched", ta, tb, m, n, k, alpha, A + i * stride_a, lda, B + i * stride_b,
+                                        ldb, beta, C + i * stride_c, ldc);
+    if (s != CUBLAS_STATUS_SUCCESS) return s;
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}

@@ -1,0 +1,433 @@
+// cuda_emulator: the emulated GPU (cuda_emulator.h) against what CUDA defines, and its bug finders against
+// kernels they must reject. Built only against the emulator (build/emu, with ASan and UBSan).
+//   - the built-in variables, static and dynamic shared memory, atomics, grid-stride loops over 3-D grids;
+//   - the warp collectives: a two-stage block reduction by __shfl_xor_sync, __shfl_down_sync, __shfl_sync
+//     with a width, __ballot_sync, __syncwarp, each against its definition;
+//   - thread orders: inorder, reverse and shuffle start a block's threads in those orders, and a race on
+//     shared memory (a missing __syncthreads) gives different results under two of them;
+//   - findings: a __syncthreads only some threads reach, barriers at different lines, a collective whose
+//     mask names a returned lane or leaves the caller out, a read from a lane outside the mask, a deadlock,
+//     a kernel that never ends (in a child process, CUDA_EMULATOR_TIMEOUT), a write past a device
+//     allocation (in a child process: AddressSanitizer); each names the kernel and is sticky until
+//     cudaDeviceReset;
+//   - launches CUDA refuses: 1025 threads, a zero grid, dynamic shared memory over 48 KiB unless raised;
+//   - the host API: NaN-filled allocations, copies that leave an allocation, cudaFree of a foreign pointer;
+//   - cuBLAS: cublasSgemm and cublasSgemmStridedBatched against a column-major definition in double, every
+//     transpose, leading dimensions larger than the matrix, alpha and beta (beta 0 ignores a NaN C), TF32
+//     rounding, and the argument checks cuBLAS documents.
+#include "../cuda_emulator.h"
+
+#include <sys/wait.h>
+
+#include <numeric>
+
+#include "check.h"
+
+namespace {
+
+#define RUN(kernel, grid, block, shared, ...) ::emu::launch(#kernel, kernel, grid, block, shared, __VA_ARGS__)
+
+// ---- kernels that CUDA defines the result of ---------------------------------------------------------------
+__global__ void index_kernel(unsigned* out) {  // every thread of a 3-D grid of 3-D blocks writes its global id
+  const unsigned block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  const unsigned thread = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  const unsigned per_block = blockDim.x * blockDim.y * blockDim.z;
+  out[block * per_block + thread] = block * 1000 + thread;
+}
+
+// Sum of n floats per block: warps reduce by __shfl_xor_sync, then warp 0 reduces the warps' sums.
+__global__ void warp_reduce_kernel(float* out, const float* in, int n) {
+  __shared__ float warp_sums[32];
+  float x = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) x += in[blockIdx.x * n + i];
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = x;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    x = threadIdx.x < blockDim.x / 32 ? warp_sums[threadIdx.x] : 0.f;
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_down_sync(0xffffffffu, x, o);
+    if (threadIdx.x == 0) out[blockIdx.x] = x;
+  }
+}
+
+__global__ void shfl_kernel(int* from_lane3, int* down2, unsigned* ballot, double* xor_width8) {
+  const int lane = threadIdx.x;
+  from_lane3[lane] = __shfl_sync(0xffffffffu, lane * 10, 3, 8);    // lane 3 of each group of 8
+  down2[lane] = __shfl_down_sync(0xffffffffu, lane * 10, 2, 16);    // groups of 16: the last two keep their own
+  ballot[lane] = __ballot_sync(0xffffffffu, lane % 3 == 0);
+  __syncwarp();
+  xor_width8[lane] = __shfl_xor_sync(0xffffffffu, lane + 0.5, 5, 8);  // a double: 8 bytes per lane
+}
+
+__global__ void shared_kernel(float* out, float* dynamic_first) {
+  float* dyn = dynamic_shared<float>();
+  if (threadIdx.x == 0) dynamic_first[blockIdx.x] = dyn[5];  // read before any write: NaN
+  __syncthreads();
+  dyn[threadIdx.x] = (float)(threadIdx.x + blockIdx.x);
+  __syncthreads();
+  out[blockIdx.x * blockDim.x + threadIdx.x] = dyn[blockDim.x - 1 - threadIdx.x];
+}
+
+__global__ void atomic_kernel(float* sum, unsigned* count, unsigned* order) {
+  atomicAdd(sum, 0.5f);
+  const unsigned k = atomicAdd(count + blockIdx.x, 1u);
+  if (blockIdx.x == 0) order[k] = threadIdx.x;  // the order in which block 0's threads started
+}
+
+// Thread 0 reads its neighbour's slot before the barrier that would make it safe: a race on shared memory.
+__global__ void race_kernel(float* out) {
+  __shared__ float slot[64];
+  slot[threadIdx.x] = (float)threadIdx.x;
+  out[threadIdx.x] = slot[(threadIdx.x + 1) % 64];  // missing __syncthreads() before this read
+}
+
+// ---- kernels the emulator must reject --------------------------------------------------------------------
+__global__ void early_return_kernel(float* out) {
+  if (threadIdx.x >= 100) return;
+  __syncthreads();
+  out[threadIdx.x] = 1;
+}
+__global__ void two_barriers_kernel(float* out) {
+  if (threadIdx.x % 2) {
+    __syncthreads();
+  } else {
+    __syncthreads();
+  }
+  out[threadIdx.x] = 1;
+}
+__global__ void exited_lane_kernel(float* out) {
+  if (threadIdx.x == 7) return;
+  out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.f, 1);
+}
+__global__ void caller_outside_mask_kernel(float* out) { out[threadIdx.x] = __shfl_xor_sync(0x0000ffffu, 1.f, 1); }
+__global__ void lane_outside_mask_kernel(float* out) {
+  if (threadIdx.x < 16) out[threadIdx.x] = __shfl_sync(0x0000ffffu, 1.f, 20 % 32, 32);
+}
+__global__ void deadlock_kernel(float* out) {
+  if (threadIdx.x == 0) {
+    __syncwarp();  // waits for lanes 1-31, which wait at the barrier for thread 0
+  } else {
+    __syncthreads();
+  }
+  out[threadIdx.x] = 1;
+}
+__global__ void spin_kernel(volatile int* flag) {
+  while (*flag == 0) {}  // no other thread will ever set it
+}
+__global__ void past_the_end_kernel(float* out, int n) { out[n + threadIdx.x] = 1; }
+__global__ void nothing_kernel(float* out) { out[threadIdx.x] = 0; }
+
+template <typename T> std::vector<T> download(const T* d, size_t n) {
+  std::vector<T> h(n);
+  cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost);
+  return h;
+}
+template <typename T> T* device(size_t n) {
+  T* p = nullptr;
+  cudaMalloc(&p, n * sizeof(T));
+  return p;
+}
+
+// A finding: the launch fails with cudaErrorLaunchFailure, the message names the kernel and says `what`,
+// the error stays until cudaDeviceReset, after which a launch works again.
+template <typename... P, typename... A>
+void expect_finding(Checker& ck, const char* name, void (*kernel)(P...), unsigned threads, const char* what, A... args) {
+  emu::launch(name, kernel, dim3(2), dim3(threads), 0, args...);
+  const cudaError_t e = cudaGetLastError();
+  const std::string msg = cudaGetErrorString(e);
+  ck.expect(e == cudaErrorLaunchFailure && msg.find(name) != std::string::npos && msg.find(what) != std::string::npos,
+            "%s: expected a launch failure naming the kernel and '%s', got %s: %s", name, what, cudaGetErrorName(e), msg.c_str());
+  ck.expect(cudaGetLastError() == cudaErrorLaunchFailure && cudaDeviceSynchronize() == cudaErrorLaunchFailure,
+            "%s: the error is sticky", name);
+  cudaDeviceReset();
+  float* out = device<float>(64);
+  RUN(nothing_kernel, 1, 64, 0, out);
+  ck.expect(cudaGetLastError() == cudaSuccess, "%s: after cudaDeviceReset a launch works", name);
+  cudaFree(out);
+  std::printf("  finding: %s\n", msg.c_str());
+}
+
+// Runs f in a child process; returns its exit status (128 + signal when killed) and what it wrote to stderr.
+template <typename F> std::pair<int, std::string> in_child(F f) {
+  std::fflush(stdout);
+  int pipe_fds[2];
+  if (pipe(pipe_fds) != 0) return {-1, "pipe failed"};
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(pipe_fds[1], 2);
+    close(pipe_fds[0]);
+    f();
+    _exit(0);
+  }
+  close(pipe_fds[1]);
+  std::string err;
+  char buf[4096];
+  for (ssize_t r; (r = read(pipe_fds[0], buf, sizeof buf)) > 0;) err.append(buf, (size_t)r);
+  close(pipe_fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), err};
+}
+
+// C = alpha op(A) op(B) + beta C, column-major, in double, from the cuBLAS documentation's definition.
+std::vector<double> gemm_definition(bool ta, bool tb, int m, int n, int k, double alpha, const std::vector<float>& A, int lda,
+                                    const std::vector<float>& B, int ldb, double beta, const std::vector<float>& C, int ldc) {
+  std::vector<double> out(C.begin(), C.end());
+  for (int j = 0; j < n; ++j)
+    for (int i = 0; i < m; ++i) {
+      double s = 0;
+      for (int l = 0; l < k; ++l) s += (double)(ta ? A[(size_t)i * lda + l] : A[(size_t)l * lda + i]) * (tb ? B[(size_t)l * ldb + j] : B[(size_t)j * ldb + l]);
+      out[(size_t)j * ldc + i] = alpha * s + (beta == 0 ? 0 : beta * C[(size_t)j * ldc + i]);
+    }
+  return out;
+}
+
+float tf32(float x) {  // round to nearest even at 10 mantissa bits, written out independently of the emulator
+  uint32_t b;
+  std::memcpy(&b, &x, 4);
+  const uint32_t low = b & 0x1fffu, half = 0x1000u;
+  b &= ~0x1fffu;
+  if (low > half || (low == half && (b & 0x2000u))) b += 0x2000u;
+  std::memcpy(&x, &b, 4);
+  return x;
+}
+
+}  // namespace
+
+int main() {
+  Checker ck("cuda_emulator");
+  std::printf("cuda_emulator: thread order %s\n", emu::order_name());
+  std::vector<float> host(4096);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = (float)((i * 37) % 101) / 7.f - 5.f;
+
+  {  // built-in variables over a 3-D grid of 3-D blocks
+    const dim3 grid(3, 2, 2), block(4, 3, 2);
+    unsigned* out = device<unsigned>(12 * 24);
+    RUN(index_kernel, grid, block, 0, out);
+    const std::vector<unsigned> h = download(out, 12 * 24);
+    int wrong = 0;
+    for (unsigned b = 0; b < 12; ++b)
+      for (unsigned t = 0; t < 24; ++t) wrong += h[b * 24 + t] != b * 1000 + t;
+    ck.expect(cudaGetLastError() == cudaSuccess && wrong == 0, "index_kernel: %d threads wrote a wrong index", wrong);
+    cudaFree(out);
+  }
+  {  // warp reductions: 3 blocks of 256 threads, 1000 values each
+    float* in = device<float>(3000);
+    float* out = device<float>(3);
+    cudaMemcpy(in, host.data(), 3000 * sizeof(float), cudaMemcpyHostToDevice);
+    RUN(warp_reduce_kernel, 3, 256, 0, out, in, 1000);
+    const std::vector<float> h = download(out, 3);
+    for (int b = 0; b < 3; ++b) {
+      double want = 0;
+      for (int i = 0; i < 1000; ++i) want += host[b * 1000 + i];
+      ck.close(h[b], want, 1e-5, 1e-5, "warp_reduce_kernel: __shfl_xor_sync and __shfl_down_sync block sum");
+    }
+    cudaFree(in), cudaFree(out);
+  }
+  {  // each collective against its definition
+    int* lane3 = device<int>(32);
+    int* down2 = device<int>(32);
+    unsigned* ballot = device<unsigned>(32);
+    double* xor8 = device<double>(32);
+    RUN(shfl_kernel, 1, 32, 0, lane3, down2, ballot, xor8);
+    const auto a = download(lane3, 32), b = download(down2, 32);
+    const auto c = download(ballot, 32);
+    const auto d = download(xor8, 32);
+    unsigned want_ballot = 0;
+    for (int l = 0; l < 32; l += 3) want_ballot |= 1u << l;
+    int wrong = 0;
+    for (int l = 0; l < 32; ++l) {
+      wrong += a[l] != (l / 8 * 8 + 3) * 10;
+      wrong += b[l] != ((l % 16) + 2 < 16 ? (l + 2) * 10 : l * 10);
+      wrong += c[l] != want_ballot;
+      wrong += d[l] != (l ^ 5) + 0.5;  // l ^ 5 stays in l's group of 8
+    }
+    ck.expect(wrong == 0, "shfl_kernel: %d lanes got another value than CUDA defines", wrong);
+    for (void* p : {(void*)lane3, (void*)down2, (void*)ballot, (void*)xor8}) cudaFree(p);
+  }
+  {  // static and dynamic shared memory; dynamic shared memory starts as NaN in every block
+    float* out = device<float>(2 * 64);
+    float* first = device<float>(2);
+    RUN(shared_kernel, 2, 64, 64 * sizeof(float), out, first);
+    const auto h = download(out, 128), f = download(first, 2);
+    int wrong = 0;
+    for (int b = 0; b < 2; ++b)
+      for (int t = 0; t < 64; ++t) wrong += h[b * 64 + t] != (float)(63 - t + b);
+    ck.expect(wrong == 0 && std::isnan(f[0]) && std::isnan(f[1]), "shared_kernel: %d wrong, unwritten dynamic shared %g %g", wrong, f[0], f[1]);
+    cudaFree(out), cudaFree(first);
+  }
+  {  // atomics, and the order in which a block's threads start under each CUDA_EMULATOR_ORDER
+    const emu::Order saved = emu::state().order;
+    std::vector<std::vector<unsigned>> orders;
+    for (emu::Order o : {emu::Order::inorder, emu::Order::reverse, emu::Order::shuffle}) {
+      emu::state().order = o;
+      float* sum = device<float>(1);
+      unsigned* count = device<unsigned>(4);
+      unsigned* order = device<unsigned>(64);
+      cudaMemset(sum, 0, sizeof(float)), cudaMemset(count, 0, 4 * sizeof(unsigned));
+      RUN(atomic_kernel, 4, 64, 0, sum, count, order);
+      const float s = download(sum, 1)[0];
+      const std::vector<unsigned> counts = download(count, 4);
+      ck.expect(s == 128.f && counts == std::vector<unsigned>(4, 64), "atomic_kernel: sum %g, want 128; 64 threads a block", s);
+      std::vector<unsigned> h = download(order, 64);  // block 0's threads, in the order they started
+      orders.push_back(h);
+      cudaFree(sum), cudaFree(count), cudaFree(order);
+    }
+    std::vector<unsigned> inorder(64), reverse(64);
+    std::iota(inorder.begin(), inorder.end(), 0u);
+    std::iota(reverse.rbegin(), reverse.rend(), 0u);
+    std::vector<unsigned> sorted = orders[2];
+    std::sort(sorted.begin(), sorted.end());
+    ck.expect(orders[0] == inorder, "inorder: threads start 0, 1, 2, ...");
+    ck.expect(orders[1] == reverse, "reverse: threads start 63, 62, ...");
+    ck.expect(sorted == inorder && orders[2] != inorder && orders[2] != reverse, "shuffle: a permutation, neither in order nor reversed");
+    // a race on shared memory shows as different results under two orders
+    std::vector<std::vector<float>> results;
+    for (emu::Order o : {emu::Order::inorder, emu::Order::reverse}) {
+      emu::state().order = o;
+      float* out = device<float>(64);
+      RUN(race_kernel, 1, 64, 0, out);
+      results.push_back(download(out, 64));
+      cudaFree(out);
+    }
+    ck.expect(results[0] != results[1], "race_kernel: a missing __syncthreads gives the same result under inorder and reverse");
+    emu::state().order = saved;
+  }
+
+  // findings, each naming the kernel
+  float* out = device<float>(256);
+  expect_finding(ck, "early_return_kernel", early_return_kernel, 128, "reached by 100 of the block's 128 threads", out);
+  expect_finding(ck, "two_barriers_kernel", two_barriers_kernel, 64, "different __syncthreads", out);
+  out = device<float>(256);
+  expect_finding(ck, "exited_lane_kernel", exited_lane_kernel, 32, "names lane 7, which has returned", out);
+  out = device<float>(256);
+  expect_finding(ck, "caller_outside_mask_kernel", caller_outside_mask_kernel, 32, "leaves the lane out", out);
+  out = device<float>(256);
+  expect_finding(ck, "lane_outside_mask_kernel", lane_outside_mask_kernel, 32, "reads lane 20, which is not in the mask", out);
+  out = device<float>(256);
+  expect_finding(ck, "deadlock_kernel", deadlock_kernel, 64, "deadlock: 63 at __syncthreads", out);
+  const auto [spin, spin_err] = in_child([] {
+    emu::state().timeout = 1;
+    int* flag = device<int>(1);
+    cudaMemset(flag, 0, sizeof(int));
+    RUN(spin_kernel, 1, 1, 0, flag);
+  });
+  ck.expect(spin == 124 && spin_err.find("kernel spin_kernel still runs") != std::string::npos,
+            "spin_kernel: a kernel that never ends exits 124 naming itself after the timeout, got %d: %s", spin, spin_err.c_str());
+  std::printf("  finding (child process): %s", spin_err.c_str());
+#ifdef CUDA_EMULATOR_ASAN
+  const auto [overflow, overflow_err] = in_child([] {
+    float* p = device<float>(64);
+    RUN(past_the_end_kernel, 1, 32, 0, p, 64);
+  });
+  ck.expect(overflow != 0 && overflow_err.find("heap-buffer-overflow") != std::string::npos &&
+                overflow_err.find("past_the_end_kernel") != std::string::npos,
+            "past_the_end_kernel: AddressSanitizer stops a write past a device allocation (exit %d)", overflow);
+  const size_t summary = overflow_err.find("SUMMARY");
+  std::printf("  finding (child process): %s\n", overflow_err.substr(summary, overflow_err.find('\n', summary) - summary).c_str());
+#else
+  ck.expect(false, "this test is built with AddressSanitizer (make emu): a write past a device allocation is not caught without it");
+#endif
+
+  // launches CUDA refuses (not sticky: the next launch works)
+  out = device<float>(2048);
+  RUN(nothing_kernel, 1, 1025, 0, out);
+  ck.expect(cudaGetLastError() == cudaErrorInvalidConfiguration, "1025 threads: cudaErrorInvalidConfiguration");
+  RUN(nothing_kernel, 0, 32, 0, out);
+  ck.expect(cudaGetLastError() == cudaErrorInvalidConfiguration, "a zero grid: cudaErrorInvalidConfiguration");
+  RUN(shared_kernel, 1, 32, 49 * 1024, out, out);
+  ck.expect(cudaGetLastError() == cudaErrorInvalidValue, "49 KiB of dynamic shared memory: cudaErrorInvalidValue");
+  ck.expect(cudaFuncSetAttribute(shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024) == cudaSuccess,
+            "cudaFuncSetAttribute raises the limit to 64 KiB");
+  RUN(shared_kernel, 1, 32, 49 * 1024, out, out + 1024);
+  ck.expect(cudaGetLastError() == cudaSuccess, "49 KiB of dynamic shared memory once raised: launched");
+
+  {  // the host API
+    float* d = device<float>(10);
+    const auto fresh = download(d, 10);
+    ck.expect(std::all_of(fresh.begin(), fresh.end(), [](float x) { return std::isnan(x); }), "cudaMalloc: NaN until written");
+    ck.expect(cudaMemcpy(d + 5, host.data(), 6 * sizeof(float), cudaMemcpyHostToDevice) == cudaErrorInvalidValue,
+              "cudaMemcpy of 6 floats into the last 5 of an allocation: cudaErrorInvalidValue");
+    ck.expect(std::string(cudaGetErrorString(cudaGetLastError())).find("past the end") != std::string::npos, "the message says past the end");
+    ck.expect(cudaMemcpy(host.data(), host.data() + 8, 4, cudaMemcpyDeviceToHost) == cudaErrorInvalidValue,
+              "cudaMemcpy from host memory said to be device memory: cudaErrorInvalidValue");
+    ck.expect(cudaMemset(d, 0, 11 * sizeof(float)) == cudaErrorInvalidValue, "cudaMemset past the end: cudaErrorInvalidValue");
+    ck.expect(cudaFree(host.data()) == cudaErrorInvalidValue, "cudaFree of a host pointer: cudaErrorInvalidValue");
+    float* pinned = nullptr;
+    ck.expect(cudaMallocHost(&pinned, 10 * sizeof(float)) == cudaSuccess && cudaFreeHost(pinned) == cudaSuccess, "pinned memory");
+    cudaGetLastError();
+    cudaFree(d);
+  }
+
+  {  // cuBLAS against its definition: every transpose, ld larger than the matrix, alpha/beta, TF32, refusals
+    cublasHandle_t h;
+    cublasCreate(&h);
+    const int m = 7, n = 5, k = 6, pad = 3;
+    for (int tf = 0; tf < 2; ++tf) {
+      cublasSetMathMode(h, tf ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH);
+      for (int ta = 0; ta < 2; ++ta)
+        for (int tb = 0; tb < 2; ++tb)
+          for (auto [alpha, beta] : {std::pair{1.f, 0.f}, {1.f, 1.f}, {0.5f, -2.f}, {-1.5f, 0.f}}) {
+            const int lda = (ta ? k : m) + pad, ldb = (tb ? n : k) + pad, ldc = m + pad;
+            std::vector<float> A(host.begin(), host.begin() + (size_t)lda * (ta ? m : k)),
+                B(host.begin() + 500, host.begin() + 500 + (size_t)ldb * (tb ? k : n)),
+                C(host.begin() + 1000, host.begin() + 1000 + (size_t)ldc * n);
+            if (beta == 0) std::fill(C.begin(), C.end(), NAN);  // beta 0: C is not read
+            float *dA = device<float>(A.size()), *dB = device<float>(B.size()), *dC = device<float>(C.size());
+            cudaMemcpy(dA, A.data(), A.size() * 4, cudaMemcpyHostToDevice);
+            cudaMemcpy(dB, B.data(), B.size() * 4, cudaMemcpyHostToDevice);
+            cudaMemcpy(dC, C.data(), C.size() * 4, cudaMemcpyHostToDevice);
+            const cublasStatus_t st = cublasSgemm(h, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &alpha,
+                                                  dA, lda, dB, ldb, &beta, dC, ldc);
+            std::vector<float> Ar = A, Br = B;
+            if (tf) std::transform(A.begin(), A.end(), Ar.begin(), tf32), std::transform(B.begin(), B.end(), Br.begin(), tf32);
+            const std::vector<double> want = gemm_definition(ta, tb, m, n, k, alpha, Ar, lda, Br, ldb, beta, C, ldc);
+            const std::vector<float> got = download(dC, C.size());
+            const std::string what = "cublasSgemm " + std::string(ta ? "T" : "N") + (tb ? "T" : "N") + (tf ? " TF32" : "") +
+                                     " alpha " + std::to_string(alpha) + " beta " + std::to_string(beta);
+            ck.expect(st == CUBLAS_STATUS_SUCCESS, "%s: status %s", what.c_str(), cublasGetStatusString(st));
+            for (int j = 0; j < n; ++j)
+              for (int i = 0; i < ldc; ++i) {
+                const size_t at = (size_t)j * ldc + i;
+                if (i < m) ck.close(got[at], want[at], 1e-5, 1e-5, what.c_str());
+                else ck.expect(std::isnan(got[at]) == std::isnan(C[at]) && (std::isnan(C[at]) || got[at] == C[at]),
+                               "%s: the padding rows of C are left alone", what.c_str());
+              }
+            cudaFree(dA), cudaFree(dB), cudaFree(dC);
+          }
+    }
+    cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH);
+    {  // strided batched: 3 products 1 apart in memory by their strides
+      const int bm = 4, bn = 3, bk = 5, batches = 3;
+      const long long sa = bm * bk + 2, sb = bk * bn + 1, sc = bm * bn + 4;
+      float *dA = device<float>(sa * batches), *dB = device<float>(sb * batches), *dC = device<float>(sc * batches);
+      cudaMemcpy(dA, host.data(), sa * batches * 4, cudaMemcpyHostToDevice);
+      cudaMemcpy(dB, host.data() + 300, sb * batches * 4, cudaMemcpyHostToDevice);
+      const float one = 1, zero = 0;
+      ck.expect(cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, bm, bn, bk, &one, dA, bm, sa, dB, bk, sb, &zero, dC, bm, sc, batches) ==
+                    CUBLAS_STATUS_SUCCESS, "cublasSgemmStridedBatched: success");
+      const std::vector<float> got = download(dC, sc * batches);
+      for (int b = 0; b < batches; ++b) {
+        const std::vector<float> A(host.begin() + b * sa, host.begin() + b * sa + bm * bk), B(host.begin() + 300 + b * sb, host.begin() + 300 + b * sb + bk * bn);
+        const std::vector<double> want = gemm_definition(false, false, bm, bn, bk, 1, A, bm, B, bk, 0, std::vector<float>(bm * bn), bm);
+        for (int i = 0; i < bm * bn; ++i) ck.close(got[b * sc + i], want[i], 1e-5, 1e-5, "cublasSgemmStridedBatched");
+      }
+      cudaFree(dA), cudaFree(dB), cudaFree(dC);
+    }
+    float* d = device<float>(100);
+    const float one = 1, zero = 0;
+    ck.expect(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 4, 3, 2, &one, d, 3, d, 2, &zero, d, 4) == CUBLAS_STATUS_INVALID_VALUE,
+              "cublasSgemm: lda 3 < m 4 is refused");
+    ck.expect(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, 4, 3, 2, &one, d, 4, d, 2, &zero, d, 4) == CUBLAS_STATUS_INVALID_VALUE,
+              "cublasSgemm: op(B) = B^T needs ldb >= n");
+    ck.expect(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 4, 3, 0, &one, d, 4, d, 0, &zero, d, 4) == CUBLAS_STATUS_INVALID_VALUE,
+              "cublasSgemm: ldb 0 is refused even when k is 0");
+    ck.expect(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, -1, 3, 2, &one, d, 4, d, 2, &zero, d, 4) == CUBLAS_STATUS_INVALID_VALUE,
+              "cublasSgemm: m < 0 is refused");
+    ck.expect(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 11, 11, 11, &one, d, 11, d, 11, &zero, d, 11) == CUBLAS_STATUS_EXECUTION_FAILED,
+              "cublasSgemm: operands that run past their allocation fail");
+    cudaDeviceReset();
+    cublasDestroy(h);
+  }
+  return ck.finish();
+}

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# mutants_gpu: plants one bug at a time in a copy of transformer.cu, builds parity_gpu against the emulated
+# GPU (cuda_emulator.h, with ASan and UBSan) and shows that the suite fails on each: the emulator and the
+# parity test together must catch every bug of this list. Run by `make mutants` (CI does).
+#   a mutant is caught when parity_gpu exits non-zero under the inorder or the reverse thread order
+#   (a failed check, an emulator finding, a sanitizer report); it survives when both pass.
+# The unmutated build must pass first (a control), and each mutant's original text must occur exactly once
+# in transformer.cu, so that the check cannot pass by mutating nothing. Exits non-zero if anything
+# survives or cannot be planted.
+# Usage: mutants_gpu.sh CXX "EMU_CXXFLAGS" "EMU_LDLIBS"   (the Makefile passes its own)
+set -u
+cd "$(dirname "$0")/.."
+cxx="$1" flags="$2" libs="$3"
+objs="build/emu/tokenizer.o build/emu/data/numbers.o build/emu/test/parity_gpu.o"
+for o in $objs; do [ -f "$o" ] || { echo "mutants_gpu: $o is missing: run make emu first"; exit 2; }; done
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+# name | original text | mutated text   (python string literals; \n is a newline)
+mutants=(
+  "removed __syncthreads in block_sum|T block_sum(T x, T* shared) {\n  shared[threadIdx.x] = x;\n  __syncthreads();|T block_sum(T x, T* shared) {\n  shared[threadIdx.x] = x;"
+  "off-by-one grid-stride bound (i <= n)|threadIdx.x; i < (n); i += |threadIdx.x; i <= (n); i += "
+  "wrong transpose flag in cublasSgemm (op(B))|tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T|tb ? CUBLAS_OP_N : CUBLAS_OP_T, ta ? CUBLAS_OP_T"
+  "wrong leading dimension in cublasSgemm (A with ldb)|&one, B, ldb, A, lda,|&one, B, ldb, A, ldb,"
+  "write past the end by the last block (LayerNorm's mean)|if (threadIdx.x == 0) mean[blockIdx.x] = mu,|if (threadIdx.x == 0) mean[blockIdx.x + (blockIdx.x + 1 == gridDim.x)] = mu,"
+  "accumulating output not zeroed (attention's dq scratch)|  fill(s.q, 0, (size_t)B * Lq * D);\n|"
+  "race on a shared array (attention backward's dL/ds read before all are written)|dsh[j] = pr[j] * (dsh[j] - rowdot) * scale;\n  __syncthreads();|dsh[j] = pr[j] * (dsh[j] - rowdot) * scale;"
+)
+
+# build NAME ORIGINAL MUTATED: a parity_gpu binary in $work/NAME from the mutated copy
+build() {
+  local dir="$work/$1"
+  mkdir -p "$dir"
+  python3 - "$2" "$3" "$dir/transformer.cu" <<'PY' || return 3
+import sys
+orig, new = (a.encode().decode("unicode_escape") for a in sys.argv[1:3])
+out = sys.argv[3]
+src = open("transformer.cu").read()
+if orig:
+    n = src.count(orig)
+    if n != 1:
+        print(f"the original text occurs {n} times in transformer.cu, not once: {orig!r}")
+        sys.exit(1)
+    src = src.replace(orig, new)
+open(out, "w").write(src)
+PY
+  $cxx $flags -I. -x c++ -c "$dir/transformer.cu" -o "$dir/transformer.o" > "$dir/build.log" 2>&1 &&
+    $cxx $flags "$dir/transformer.o" $objs -o "$dir/parity_gpu" $libs >> "$dir/build.log" 2>&1
+}
+
+# run NAME: "caught by ORDER: why" or "survived"
+run() {
+  local dir="$work/$1" order
+  for order in inorder reverse; do
+    if ! OMP_WAIT_POLICY=passive CUDA_EMULATOR_ORDER=$order CUDA_EMULATOR_TIMEOUT=120 timeout 600 "$dir/parity_gpu" > "$dir/$order.log" 2>&1; then
+      local why="" pattern
+      for pattern in "^FAIL" "^cuda_emulator: kernel" "SUMMARY: " "what\(\)" "runtime error"; do  # the first finding that explains it
+        [ -z "$why" ] && why="$(grep -m1 -E "$pattern" "$dir/$order.log" | cut -c1-160)"
+      done
+      echo "caught ($order order): ${why:-exit non-zero}"
+      return 0
+    fi
+  done
+  echo "survived"
+  return 1
+}
+
+start=$SECONDS
+status=0
+mkdir -p "$work/control" && cp build/emu/test/parity_gpu "$work/control/"  # make emu's build of the unmutated source
+control="$(run control)"
+if [ "$control" != "survived" ]; then echo "mutants_gpu: the unmutated parity_gpu fails: $control"; exit 2; fi
+echo "control (no mutation): parity_gpu passes under inorder and reverse"
+i=0
+for m in "${mutants[@]}"; do  # built two at a time: the machines have two cores
+  i=$((i + 1))
+  IFS='|' read -r name orig new <<< "$m"
+  (build "m$i" "$orig" "$new"; echo $? > "$work/m$i.built") &
+  if [ $((i % 2)) -eq 0 ] || [ $i -eq ${#mutants[@]} ]; then wait; fi
+done
+i=0
+for m in "${mutants[@]}"; do
+  i=$((i + 1))
+  IFS='|' read -r name orig new <<< "$m"
+  if [ "$(cat "$work/m$i.built")" != 0 ]; then
+    printf '%-80s NOT PLANTED: %s\n' "$name" "$(tail -3 "$work/m$i/build.log" 2>/dev/null | tr '\n' ' ')"
+    status=1
+    continue
+  fi
+  result="$(run "m$i")" || status=1
+  printf '%-80s %s\n' "$name" "$result"
+done
+echo "mutants_gpu: ${#mutants[@]} mutants, $([ $status -eq 0 ] && echo "all caught" || echo "NOT all caught"), $((SECONDS - start)) s"
+exit $status
