@@ -1867,6 +1867,7 @@ void embedding_backward(float* demb, const float* dout, const int* ids, int B, i
 __global__ void attention_forward_kernel(float* ctx, float* p, const float* q, const float* k, const float* v,
                                          const uint8_t* key_valid, bool causal, DropoutKey drop, int H, int Lq, int Lk,
                                          int D) {
+  // BEGIN SOLUTION task=attention_kernel points=5
   __shared__ float red[kRowThreads];
   const int i = blockIdx.x % Lq, h = (blockIdx.x / Lq) % H, b = blockIdx.x / (Lq * H), Dk = D / H;
   const float scale = rsqrtf((float)Dk), keep_scale = (float)(1.0 / (1.0 - drop.p));
@@ -1903,6 +1904,7 @@ __global__ void attention_forward_kernel(float* ctx, float* p, const float* q, c
     }
     ci[d] = c;
   }
+  // END SOLUTION
 }
 
 constexpr int kMaxKeysBackward = 8192;  // the longest key row whose dL/dp fits in shared memory (32 KB)
@@ -2024,6 +2026,7 @@ void ffn_backward(float* din, const FfnWeights<float>& dw, float* dh, const floa
 // ---- §3.1 LayerNorm and the residual connection: one block per row ---------------------------------
 __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* in, const float* g, const float* b,
                                          int D, float eps) {
+  // BEGIN SOLUTION task=layernorm_kernel points=5
   __shared__ float red[kRowThreads];
   const float* x = in + (size_t)blockIdx.x * D;
   float s = 0;
@@ -2035,6 +2038,7 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
   float* y = out + (size_t)blockIdx.x * D;
   for (int d = threadIdx.x; d < D; d += blockDim.x) y[d] = (x[d] - mu) * rs * g[d] + b[d];
   if (threadIdx.x == 0) mean[blockIdx.x] = mu, rstd[blockIdx.x] = rs;
+  // END SOLUTION
 }
 
 // din of one row (one block per row); the parameters' gradients are layernorm_param_grads_kernel's.

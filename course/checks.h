@@ -2,12 +2,13 @@
 // and what each case checks. Included by course/grade.cpp (which runs them) and, in the solution tree, by
 // course/snapshots.cpp (which writes the expected values of the forward tasks).
 //
-// Three kinds of check (README, "Course assignments"):
+// Four kinds of check (README, "Course assignments"):
 //   gradient   central finite differences in double against the student's backward (test/gradcheck.h),
 //              one check per (case, input); gradients start from random values, so overwriting fails;
 //   snapshot   the student's forward outputs against values the solution wrote (course/snapshots/, or
 //              HIDDEN/snapshots/ for hidden cases), one check per (case, output);
-//   model      the whole model's gradient (post-LN and pre-LN) for the sub-layer connection.
+//   model      the whole model's gradient (post-LN and pre-LN) for the sub-layer connection;
+//   kernel     a CUDA kernel on the emulated GPU (cuda_emulator.h) against the CPU definition in fp32.
 // A case is a line of key=value words ("M=5 D=9 seed=1"); hidden cases come from HIDDEN/cases.txt, one
 // "TASK key=value ..." a line. Each task lists the other tasks its checks call (depends): a task whose
 // dependency is still a stub fails those checks with the stub's message.
@@ -28,6 +29,10 @@
 #include "../test/gradcheck.h"
 #include "../tokenizer.h"
 #include "../transformer.h"
+
+#ifndef TRANSFORMER_CUDA
+#error "the course grader is built against the emulated GPU (the Makefile's build/grade/)"
+#endif
 
 namespace course {
 
@@ -343,6 +348,86 @@ inline std::vector<std::pair<std::string, CheckFn>> sublayer_checks(const Case& 
            }}};
 }
 
+// ---- CUDA kernel tasks: the GPU path on the emulated GPU against the CPU definition, in fp32 -------------
+
+// A host vector and its device copy; outputs start as NaN so that an element the kernel never writes fails.
+struct DeviceVec {
+  std::vector<float> h;
+  float* d;
+  explicit DeviceVec(std::vector<float> v) : h(std::move(v)), d(gpu::alloc(h.size())) { gpu::upload(d, h.data(), h.size()); }
+  explicit DeviceVec(size_t n) : h(n), d(gpu::alloc(n)) { gpu::fill(d, NAN, n); }
+  DeviceVec(const DeviceVec&) = delete;
+  ~DeviceVec() { gpu::release(d); }
+  std::vector<float> get() const {
+    std::vector<float> o(h.size());
+    gpu::synchronize();
+    gpu::download(o.data(), d, o.size());
+    return o;
+  }
+};
+inline std::vector<float> fvec(Rand& rng, size_t n, double lo, double hi) {
+  std::vector<float> v(n);
+  for (float& x : v) x = (float)rng.uniform(lo, hi);
+  return v;
+}
+inline Vec dvec(const std::vector<float>& v) { return Vec(v.begin(), v.end()); }
+// The fp32 kernel against the CPU definition run in double on the same inputs: relative 1e-5 with an
+// absolute floor of 1e-5 (the values are O(1); fp32 sums over 1000 elements that nearly cancel are good to
+// a few 1e-7, and a wrong kernel is off by far more).
+inline void compare_floats(Checker& ck, const std::string& what, const std::vector<float>& got, const Vec& want) {
+  for (size_t i = 0; i < want.size(); ++i)
+    if (!ck.close(got[i], want[i], 1e-5, 1e-5, (what + "[" + std::to_string(i) + "]").c_str())) return;
+}
+
+inline std::vector<std::pair<std::string, CheckFn>> layernorm_kernel_checks(const Case& c) {
+  const int M = c.i("M", 5), D = c.i("D", 9);
+  const double offset = c.d("offset", 0.0);
+  std::vector<std::pair<std::string, CheckFn>> out;
+  for (const char* output : {"out", "mean", "rstd"})
+    out.push_back({c.text + ": " + output, [=](Checker& ck) {
+                     Rand rng{(uint64_t)c.i("seed", 1) * 7919u + 17u};
+                     DeviceVec in(fvec(rng, (size_t)M * D, offset - 2, offset + 2)), g(fvec(rng, D, -1, 1)), b(fvec(rng, D, -1, 1));
+                     DeviceVec y((size_t)M * D), mean(M), rstd(M);
+                     Vec y_cpu(y.h.size()), mean_cpu(M), rstd_cpu(M), in_d = dvec(in.h), g_d = dvec(g.h), b_d = dvec(b.h);
+                     cpu::layernorm_forward(y_cpu.data(), mean_cpu.data(), rstd_cpu.data(), in_d.data(), g_d.data(), b_d.data(), M, D, 1e-6);
+                     gpu::layernorm_forward(y.d, mean.d, rstd.d, in.d, g.d, b.d, M, D, 1e-6);
+                     const std::string o = output;
+                     if (o == "out") compare_floats(ck, "out", y.get(), y_cpu);
+                     if (o == "mean") compare_floats(ck, "mean", mean.get(), mean_cpu);
+                     if (o == "rstd") compare_floats(ck, "rstd", rstd.get(), rstd_cpu);
+                   }});
+  return out;
+}
+
+inline std::vector<std::pair<std::string, CheckFn>> attention_kernel_checks(const Case& c) {
+  const int B = c.i("B", 2), Lq = c.i("Lq", 5), Lk = c.i("Lk", 7), H = c.i("H", 2), D = H * c.i("Dk", 4);
+  const bool causal = c.i("causal", 0), empty_row = c.i("empty_row", 0);
+  const double p = c.d("p", 0.0);
+  std::vector<std::pair<std::string, CheckFn>> out;
+  for (const char* output : {"ctx", "p"})
+    out.push_back({c.text + ": " + output, [=](Checker& ck) {
+                     Rand rng{(uint64_t)c.i("seed", 1) * 7919u + 17u};
+                     DeviceVec q(fvec(rng, (size_t)B * Lq * D, -1.5, 1.5)), k(fvec(rng, (size_t)B * Lk * D, -1.5, 1.5)),
+                         v(fvec(rng, (size_t)B * Lk * D, -1, 1));
+                     std::vector<uint8_t> valid = random_mask(rng, B, Lk, 0.7);
+                     for (int s = 0; s < B; ++s) valid[(size_t)s * Lk] = 1;
+                     if (empty_row)
+                       for (int j = 0; j < Lk; ++j) valid[(size_t)(B - 1) * Lk + j] = 0;
+                     uint8_t* dvalid = gpu::alloc_bytes(valid.size());
+                     gpu::upload(dvalid, valid.data(), valid.size());
+                     const DropoutKey drop = dropout_key(7, 3, 11, p);
+                     DeviceVec ctx((size_t)B * Lq * D), pr((size_t)B * H * Lq * Lk);
+                     Vec ctx_cpu(ctx.h.size()), p_cpu(pr.h.size()), q_d = dvec(q.h), k_d = dvec(k.h), v_d = dvec(v.h);
+                     cpu::attention_forward(ctx_cpu.data(), p_cpu.data(), q_d.data(), k_d.data(), v_d.data(), valid.data(), causal, drop, B, Lq,
+                                            Lk, D, H);
+                     gpu::attention_forward(ctx.d, pr.d, q.d, k.d, v.d, dvalid, causal, drop, B, Lq, Lk, D, H);
+                     if (std::string(output) == "ctx") compare_floats(ck, "ctx", ctx.get(), ctx_cpu);
+                     else compare_floats(ck, "p", pr.get(), p_cpu);
+                     gpu::release(dvalid);
+                   }});
+  return out;
+}
+
 // ---- snapshot tasks: outputs compared with the solution's ---------------------------------------------
 
 inline Outputs positional_encoding_outputs(const Case& c) {
@@ -555,6 +640,11 @@ inline const std::vector<Task>& tasks() {
     snap("bpe_learn", {}, {"corpus=numbers lines=150 merges=60 seed=1", "corpus=mixed merges=40", "corpus=ties merges=3", "corpus=ties merges=50"},
          bpe_outputs, 0);
     snap("bleu_statistics", {}, {"set=basic", "set=basic lowercase=1", "set=tokenised", "set=random n=10 seed=1"}, bleu_outputs, 1e-12);
+    grad("layernorm_kernel", {}, {"M=5 D=9 seed=1", "M=3 D=300 seed=2", "M=2 D=1000 offset=3 seed=3"}, layernorm_kernel_checks);
+    grad("attention_kernel", {},
+         {"B=2 Lq=5 Lk=7 H=2 Dk=4 seed=1 empty_row=1", "B=2 Lq=6 Lk=6 H=3 Dk=5 causal=1 seed=2", "B=1 Lq=4 Lk=4 H=2 Dk=3 causal=1 p=0.3 seed=3",
+          "B=1 Lq=3 Lk=300 H=1 Dk=80 seed=4"},
+         attention_kernel_checks);
     return t;
   }();
   return all;

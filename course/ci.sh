@@ -25,7 +25,7 @@ work=${COURSE_CI_WORK:-}
 # The verdict on one graded tree: reads its results.json and the grader's task list (for dependencies).
 verdict() {  # dir, job words...
   local dir=$1; shift
-  (cd "$dir" && build/course/grade --list) > "$dir/list.txt"
+  (cd "$dir" && build/grade/course/grade --list) > "$dir/list.txt"
   python3 - "$dir" "$@" <<'EOF'
 import json, sys
 d, job = sys.argv[1], sys.argv[2:]
@@ -92,9 +92,9 @@ run_job() {
     python3 course/handout.py --tasks "$2" --keep-markers --out "$dir" >/dev/null
   fi
   cp -a "$work/base/build" "$dir/"  # unchanged sources keep their times (copy2): their objects stay valid
-  local target=build/course/grade
-  [ "$job" = "blank all" ] && target=all  # every program and test compiles with every stub
-  if ! make -C "$dir" CPU=1 "$target" >"$dir/build.log" 2>&1; then
+  local target=build/grade/course/grade
+  [ "$job" = "blank all" ] && target="all $target"  # every program and test compiles with every stub
+  if ! make -C "$dir" CPU=1 $target >"$dir/build.log" 2>&1; then
     echo "FAIL $job: does not build"; tail -5 "$dir/build.log"; return 1
   fi
   local limit=300 words=$job
@@ -140,7 +140,7 @@ if [ "$rc" = 1 ]; then echo "ok   refuses an unknown planted answer: $out"; else
 
 echo "== course 2: the solution (baseline build, CXXFLAGS=$CXXFLAGS)"
 python3 course/handout.py --tasks none --keep-markers --out "$work/base" >/dev/null
-make -C "$work/base" -j"$cores" CPU=1 build/course/grade >"$work/base/build.log" 2>&1 || { tail -20 "$work/base/build.log"; exit 1; }
+make -C "$work/base" -j"$cores" CPU=1 build/grade/course/grade >"$work/base/build.log" 2>&1 || { tail -20 "$work/base/build.log"; exit 1; }
 (cd "$work/base" && python3 course/grade.py --results results.json > grade.txt) && cat "$work/base/grade.txt"
 verdict "$work/base" solution || fails=$((fails + 1))
 cp -r course/hidden-example "$work/hidden"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The grade of a tree (`make grade [HIDDEN=dir]`) and a student's submission (`make submission`).
 
-grade: runs build/course/grade once per task (its own process, with a time limit), so that a stub that
+grade: runs build/grade/course/grade once per task (its own process, with a time limit), so that a stub that
 throws, aborts, crashes or hangs costs that task's points only. The tasks are those with solution regions in
 the sources (course/markers.py); each task's points are shared equally by its checks, visible and hidden.
 Prints the table (task | checks passed | worst error | tolerance | points) and writes results.json in
@@ -21,7 +21,7 @@ import tarfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import markers  # noqa: E402
 
-GRADER = os.path.join("build", "course", "grade")
+GRADER = os.path.join("build", "grade", "course", "grade")
 
 
 def fail(msg):
@@ -30,7 +30,10 @@ def fail(msg):
 
 
 def run_grader(args, timeout):
-    env = dict(os.environ, OMP_NUM_THREADS="1")  # gradient checks are small: threads only add overhead
+    # gradient checks are small: threads only add overhead. The emulated GPU reshuffles its threads at every
+    # barrier (cuda_emulator.h), so a kernel that races fails here rather than passing by luck.
+    env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="passive", CUDA_EMULATOR_ORDER="shuffle",
+               CUDA_EMULATOR_SEED="7")
     return subprocess.run([GRADER] + args, capture_output=True, text=True, timeout=timeout, env=env,
                           errors="replace")
 
@@ -141,7 +144,7 @@ def build_failed(args):
     except markers.MarkerError as e:
         fail(str(e))
     log = open(args.build_failed, errors="replace").read().splitlines()
-    out = "the submission does not build (make CPU=1 build/course/grade):\n" + "\n".join(log[-40:])
+    out = "the submission does not build (make CPU=1 build/grade/course/grade):\n" + "\n".join(log[-40:])
     total = sum(points.values())
     with open(args.results, "w") as f:
         json.dump({"score": 0.0, "output": out, "visibility": "visible", "stdout_visibility": "hidden",
