@@ -91,9 +91,14 @@ LIB_OBJS := $(patsubst %.cu,$(BUILD)/%.o,$(wildcard transformer.cu)) $(patsubst 
 PROGRAMS := $(basename $(wildcard train.cpp translate.cpp))
 TESTS    := $(patsubst test/%.cpp,$(BUILD)/test/%,$(filter-out test/cuda_emulator.cpp,$(wildcard test/*.cpp)))
 HEADERS  := $(wildcard *.h data/*.h test/*.h)
+# The course grader is built against the emulated GPU in every configuration (it grades the two CUDA kernel
+# tasks there, no GPU needed), with its own objects in build/grade/.
+GRADE_BUILD := $(BUILD)/grade
+GRADE_OBJS  := $(GRADE_BUILD)/transformer.o $(GRADE_BUILD)/tokenizer.o $(GRADE_BUILD)/data/numbers.o
+COURSE      := $(patsubst course/%.cpp,$(GRADE_BUILD)/course/%,$(wildcard course/*.cpp))
 EMU_OBJS := $(EMU_BUILD)/transformer.o $(EMU_BUILD)/tokenizer.o $(EMU_BUILD)/data/numbers.o
 
-.PHONY: all emu test mutants bench data fuzz clean FORCE
+.PHONY: all emu test mutants bench data fuzz clean grade snapshots handout submission FORCE
 .SECONDARY:  # keep the objects: they are intermediate files of pattern rules
 all: $(PROGRAMS) $(TESTS)
 
@@ -130,9 +135,24 @@ $(PROGRAMS): %: $(BUILD)/%.o $(LIB_OBJS)
 $(BUILD)/test/%: $(BUILD)/test/%.o $(LIB_OBJS)
 	$(CXX) $^ -o $@ $(LDLIBS)
 
+$(GRADE_BUILD)/transformer.o: transformer.cu $(HEADERS) $(BUILD)/config.stamp
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -DTRANSFORMER_CUDA -DTRANSFORMER_EMULATED_GPU -x c++ -c $< -o $@
+
+$(GRADE_BUILD)/course/%.o: course/%.cpp $(HEADERS) $(wildcard course/*.h) $(BUILD)/config.stamp
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -DTRANSFORMER_CUDA -DTRANSFORMER_EMULATED_GPU -c $< -o $@
+
+$(GRADE_BUILD)/%.o: %.cpp $(HEADERS) $(BUILD)/config.stamp
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -DTRANSFORMER_CUDA -DTRANSFORMER_EMULATED_GPU -c $< -o $@
+
+$(GRADE_BUILD)/course/%: $(GRADE_BUILD)/course/%.o $(GRADE_OBJS)
+	$(CXX) $^ -o $@ $(EMU_LDLIBS)
+
 emu: $(EMU_TESTS)
 
-test: all emu
+test: all emu $(COURSE)
 	ctest --test-dir test --output-on-failure $(CTEST_ARGS)
 
 # Bugs planted in copies of transformer.cu, each of which the emulated parity_gpu must catch.
@@ -170,6 +190,22 @@ $(FUZZ_BUILD)/fuzz_%: test/fuzz/fuzz_%.cpp test/fuzz/fuzz.h $(FUZZ_LIB) $(HEADER
 # build-fuzz/crash-*. Prints the inputs each ran; fails on the first crash, leak, timeout or excess memory.
 fuzz: $(FUZZ_TARGETS)
 	@for t in $(notdir $(FUZZ_TARGETS)); do bash test/fuzz/run.sh $(FUZZ_BUILD) $$t $(SECONDS) $(RUNS) || exit 1; done
+
+# Course assignments (README, "Course assignments"): the grader in any tree; the generator and the
+# snapshot writer in the solution tree only (course/handout.py and course/snapshots.cpp are not in a handout).
+grade: $(GRADE_BUILD)/course/grade
+	python3 course/grade.py $(if $(HIDDEN),--hidden $(HIDDEN))
+
+snapshots: $(filter %/snapshots,$(COURSE))
+	@test -f course/snapshots.cpp || { echo "make snapshots: runs in the solution tree (course/snapshots.cpp is not in a handout)"; exit 1; }
+	$(GRADE_BUILD)/course/snapshots $(if $(HIDDEN),--hidden $(HIDDEN))
+
+handout:
+	@test -f course/handout.py || { echo "make handout: runs in the solution tree (course/handout.py is not in a handout)"; exit 1; }
+	python3 course/handout.py --tasks '$(TASKS)' --out '$(OUT)'
+
+submission:
+	python3 course/grade.py --submission
 
 clean:
 	rm -rf $(BUILD) $(FUZZ_BUILD) $(PROGRAMS)

@@ -255,6 +255,7 @@ inline std::unordered_map<std::string, long> ngram_counts(const std::vector<std:
 // One segment's statistics: each hypothesis n-gram matches at most as often as the reference has it
 // (the "modified n-gram precision" of Papineni et al., §2.1).
 inline BleuStatistics bleu_statistics(const std::string& hyp, const std::string& ref, bool lowercase) {
+  // BEGIN SOLUTION task=bleu_statistics points=4
   using namespace bleu_detail;
   const std::vector<std::string> h = segment_words(hyp, lowercase), r = segment_words(ref, lowercase);
   BleuStatistics st;
@@ -269,6 +270,7 @@ inline BleuStatistics bleu_statistics(const std::string& hyp, const std::string&
     }
   }
   return st;
+  // END SOLUTION
 }
 
 // The score from the statistics, as sacreBLEU's BLEU.compute_bleu with smooth_method 'exp':

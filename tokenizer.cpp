@@ -289,6 +289,7 @@ const std::string& Tokenizer::piece(int id) const {
 // ---- learning (Sennrich et al., 2016, Algorithm 1, with incremental pair counts) ------------------------
 
 Tokenizer Tokenizer::learn(const std::vector<std::string>& lines, int merges) {
+  // BEGIN SOLUTION task=bpe_learn points=6
   if (merges < 0) throw std::invalid_argument("BPE: the number of merges must be >= 0");
   // pre-token frequencies; the key is the pre-token with '1' (word-initial) or '0' in front
   std::unordered_map<std::string, long> freq;
@@ -387,6 +388,7 @@ Tokenizer Tokenizer::learn(const std::vector<std::string>& lines, int merges) {
   t.cache_.clear();  // it holds the unmerged spellings of the training words
   t.compute_hash();
   return t;
+  // END SOLUTION
 }
 
 // ---- encoding and decoding ----------------------------------------------------------------------------

@@ -173,8 +173,10 @@ static uint32_t dropout_site(int stack, int layer, DropoutPlace place) {
 
 // [Eq. 3, §5.3] lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), times a scale factor
 double learning_rate(long step, int D, int warmup, double scale) {
+  // BEGIN SOLUTION task=learning_rate points=3
   double s = (double)std::max(step, 1L);
   return scale * std::pow((double)D, -0.5) * std::min(std::pow(s, -0.5), s * std::pow((double)warmup, -1.5));
+  // END SOLUTION
 }
 
 namespace cpu {
@@ -252,6 +254,7 @@ void linear_forward(T* out, const T* in, const T* w, const T* b, int M, int I, i
 
 template <typename T>
 void linear_backward(T* din, T* dw, T* db, const T* dout, const T* in, const T* w, int M, int I, int O) {
+  // BEGIN SOLUTION task=linear_backward points=6
   // forward was: out = in @ w + b; so now: din += dout @ w^T, dw += in^T @ dout, db += sum_rows dout
   if (din) gemm(false, true, M, I, O, dout, O, w, O, din, I, true);
   if (dw) gemm(true, false, I, O, M, in, I, dout, O, dw, O, true);
@@ -265,6 +268,7 @@ void linear_backward(T* din, T* dw, T* db, const T* dout, const T* in, const T* 
       for (int c = 0; c < w; ++c) db[o0 + c] += s[c];
     }
   }
+  // END SOLUTION
 }
 
 // ---- §5.4 dropout ----------------------------------------------------------------------------------
@@ -339,6 +343,7 @@ void attention_forward(T* ctx, T* p, const T* q, const T* k, const T* v, const u
 template <typename T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dctx, const T* p, const T* q, const T* k, const T* v,
                         DropoutKey drop, int B, int Lq, int Lk, int D, int H) {
+  // BEGIN SOLUTION task=attention_backward points=10
   const int Dk = D / H;
   const T scale = T(1) / std::sqrt(T(Dk));
   const T keep_scale = T(1.0 / (1.0 - drop.p));
@@ -383,6 +388,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dctx, const T* p, const T*
         }
       }
     }
+  // END SOLUTION
 }
 
 template <typename T>
@@ -402,6 +408,7 @@ void multihead_attention_backward(T* dxq, T* dxkv, const AttentionWeights<T>& dw
                                   const AttentionActs<T>& a, const AttentionActs<T>& s, const T* xq,
                                   const T* xkv, const AttentionWeights<T>& w, DropoutKey drop, int B, int Lq,
                                   int Lk, int D, int H) {
+  // BEGIN SOLUTION task=multihead_attention_backward points=6
   // s holds scratch for dq, dk, dv, dctx; the forward call list, in reverse
   std::fill(s.ctx, s.ctx + (size_t)B * Lq * D, T(0));
   std::fill(s.q, s.q + (size_t)B * Lq * D, T(0));
@@ -412,6 +419,7 @@ void multihead_attention_backward(T* dxq, T* dxkv, const AttentionWeights<T>& dw
   linear_backward(dxkv, dw.wv, (T*)nullptr, s.v, xkv, w.wv, B * Lk, D, D);
   linear_backward(dxkv, dw.wk, (T*)nullptr, s.k, xkv, w.wk, B * Lk, D, D);
   linear_backward(dxq, dw.wq, (T*)nullptr, s.q, xq, w.wq, B * Lq, D, D);
+  // END SOLUTION
 }
 
 // ---- §3.3 position-wise feed-forward network -------------------------------------------------------
@@ -431,6 +439,7 @@ void ffn_forward(T* out, const FfnActs<T>& a, const T* in, const FfnWeights<T>& 
 template <typename T>
 void ffn_backward(T* din, const FfnWeights<T>& dw, T* dh, const T* dout, const FfnActs<T>& a, const T* in,
                   const FfnWeights<T>& w, DropoutKey relu_drop, int M, int D, int F) {
+  // BEGIN SOLUTION task=ffn_backward points=6
   const size_t n = (size_t)M * F;
   std::fill(dh, dh + n, T(0));
   linear_backward(dh, dw.w2, dw.b2, dout, a.h, w.w2, M, F, D);
@@ -443,6 +452,7 @@ void ffn_backward(T* din, const FfnWeights<T>& dw, T* dh, const T* dout, const F
     dh[i] = pass ? dh[i] * scale : T(0);
   }
   linear_backward(din, dw.w1, dw.b1, dh, in, w.w1, M, D, F);
+  // END SOLUTION
 }
 
 // ---- §3.1 LayerNorm and the residual connection ----------------------------------------------------
@@ -469,6 +479,7 @@ void layernorm_forward(T* out, T* mean, T* rstd, const T* in, const T* g, const 
 template <typename T>
 void layernorm_backward(T* din, T* dg, T* db, const T* dout, const T* in, const T* g, const T* mean,
                         const T* rstd, int M, int D) {
+  // BEGIN SOLUTION task=layernorm_backward points=8
   // forward was: xhat = (x - mean) * rstd, y = xhat * g + b
   // so now: dg += sum_rows dy xhat, db += sum_rows dy, and with dxhat = dy g:
   //         dx += rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat))   (derivation in NOTES.md)
@@ -502,6 +513,7 @@ void layernorm_backward(T* din, T* dg, T* db, const T* dout, const T* in, const 
       }
     for (int c = 0; c < w; ++c) dg[d0 + c] += sg[c], db[d0 + c] += sb[c];
   }
+  // END SOLUTION
 }
 
 template <typename T> void residual_forward(T* out, const T* x, const T* y, size_t n) {
@@ -510,11 +522,13 @@ template <typename T> void residual_forward(T* out, const T* x, const T* y, size
 }
 
 template <typename T> void residual_backward(T* dx, T* dy, const T* dout, size_t n) {
+  // BEGIN SOLUTION task=sublayer_connection_backward points=6
 #pragma omp parallel for if (n > 100000)
   for (size_t i = 0; i < n; ++i) {
     dx[i] += dout[i];
     dy[i] += dout[i];
   }
+  // END SOLUTION
 }
 
 // ---- §3.4 embeddings and the pre-softmax projection (one shared matrix) ----------------------------
@@ -535,6 +549,7 @@ void embedding_forward(T* out, const int* ids, const T* emb, int B, int L, int D
 
 template <typename T>
 void embedding_backward(T* demb, const T* dout, const int* ids, int B, int L, int D) {
+  // BEGIN SOLUTION task=embedding_backward points=4
   // forward was: out[b,t] = emb[id] sqrt(D) + PE; so now: demb[id] += dout[b,t] sqrt(D). Serial: two
   // positions with the same token add into the same row.
   const T sqrt_d = std::sqrt(T(D));
@@ -543,6 +558,7 @@ void embedding_backward(T* demb, const T* dout, const int* ids, int B, int L, in
     const T* g = dout + r * D;
     for (int d = 0; d < D; ++d) de[d] += g[d] * sqrt_d;
   }
+  // END SOLUTION
 }
 
 template <typename T>
@@ -553,9 +569,11 @@ void output_projection_forward(T* logits, const T* y, const T* emb, int M, int D
 template <typename T>
 void output_projection_backward(T* dy, T* demb, const T* dlogits, const T* y, const T* emb, int M, int D,
                                 int V) {
+  // BEGIN SOLUTION task=output_projection_backward points=4
   // forward was: logits = y @ emb^T; so now: dy += dlogits @ emb, demb += dlogits^T @ y
   gemm(false, false, M, D, V, dlogits, V, emb, D, dy, D, true);
   gemm(true, false, V, D, M, dlogits, V, y, D, demb, D, true);
+  // END SOLUTION
 }
 
 // ---- §5.4 label-smoothed cross-entropy -------------------------------------------------------------
@@ -600,6 +618,7 @@ double label_smoothed_xent_forward(T* lse, const T* logits, const int* targets, 
 template <typename T>
 void label_smoothed_xent_backward(T* dlogits, const T* logits, const T* lse, const int* targets, int M, int V,
                                   double eps, LabelSmoothing form, int pad) {
+  // BEGIN SOLUTION task=label_smoothed_xent_backward points=6
   double qt, qo;
   smoothing_weights(eps, form, V, &qt, &qo);
   long n = 0;
@@ -615,6 +634,7 @@ void label_smoothed_xent_backward(T* dlogits, const T* logits, const T* lse, con
     for (int v = 0; v < V; ++v) dz[v] += (std::exp(z[v] - lse[i]) - T(qo)) * inv_n;
     dz[targets[i]] -= T(qt - qo) * inv_n;
   }
+  // END SOLUTION
 }
 
 // ---- §5.3 optimizer --------------------------------------------------------------------------------
@@ -622,6 +642,7 @@ void label_smoothed_xent_backward(T* dlogits, const T* logits, const T* lse, con
 template <typename T>
 void adam_update(T* params, const T* grads, T* m, T* v, size_t n, double lr, double beta1, double beta2,
                  double eps, long t) {
+  // BEGIN SOLUTION task=adam_update points=5
   const double c1 = 1 - std::pow(beta1, (double)t), c2 = 1 - std::pow(beta2, (double)t);
 #pragma omp parallel for if (n > 100000)
   for (size_t i = 0; i < n; ++i) {
@@ -630,6 +651,7 @@ void adam_update(T* params, const T* grads, T* m, T* v, size_t n, double lr, dou
     const double mhat = m[i] / c1, vhat = v[i] / c2;
     params[i] -= T(lr * mhat / (std::sqrt(vhat) + eps));
   }
+  // END SOLUTION
 }
 
 template <typename T> double grad_norm(const T* grads, size_t n) {
@@ -876,6 +898,7 @@ template <typename Ops, typename T, typename SublayerBackward>
 static void sublayer_connection_backward(T* dx, const NormWeights<T>& dln, const T* dout, const SublayerActs<T>& a,
                                          const T* x, const NormWeights<T>& ln, const Activations<T>& s,
                                          const Config& c, DropoutKey drop, int M, SublayerBackward sublayer_backward) {
+  // BEGIN SOLUTION task=sublayer_connection_backward points=6
   const size_t n = (size_t)M * c.D;
   Ops::zero(s.d_y, n);
   Ops::zero(s.d_sub, n);
@@ -892,6 +915,7 @@ static void sublayer_connection_backward(T* dx, const NormWeights<T>& dln, const
     Ops::dropout_backward(s.d_sub, s.d_y, drop, n);
     sublayer_backward(x, s.d_sub, dx);
   }
+  // END SOLUTION
 }
 
 template <typename T> static DropoutKey drop_at(const Pass<T>& p, int stack, int layer, DropoutPlace place) {
@@ -1339,6 +1363,7 @@ static std::vector<T> decoder_logprobs_on(const DecodingModel<T>& dm, const std:
 template <typename Ops, typename T>
 static std::vector<Hypothesis> greedy_decode_on(const DecodingModel<T>& dm, const std::vector<std::vector<int>>& src,
                                                 int max_extra) {
+  // BEGIN SOLUTION task=greedy_decode points=5
   const int V = dm.cfg.V, B = (int)src.size();
   std::vector<Hypothesis> out(B);
   if (B == 0) return out;
@@ -1374,11 +1399,13 @@ static std::vector<Hypothesis> greedy_decode_on(const DecodingModel<T>& dm, cons
     if (!live.empty()) reorder_rows(k, keep, dm.cfg.D);
   }
   return out;
+  // END SOLUTION
 }
 
 template <typename Ops, typename T>
 static std::vector<std::vector<Hypothesis>> beam_search_on(const DecodingModel<T>& dm, const std::vector<std::vector<int>>& src,
                                                            const DecodeOptions& opt) {
+  // BEGIN SOLUTION task=beam_search points=8
   if (opt.beam < 1 || opt.n_best < 1 || opt.n_best > opt.beam || opt.alpha < 0 || opt.max_extra < 0)
     throw std::invalid_argument("beam search needs beam >= 1, 1 <= n_best <= beam, alpha >= 0, max_extra >= 0");
   const int V = dm.cfg.V, B = (int)src.size(), K = opt.beam;
@@ -1471,6 +1498,7 @@ static std::vector<std::vector<Hypothesis>> beam_search_on(const DecodingModel<T
     if ((int)f.size() > opt.n_best) f.resize(opt.n_best);
   }
   return finished;
+  // END SOLUTION
 }
 
 // The model on the CPU, as decoding sees it.
@@ -1890,6 +1918,7 @@ void embedding_backward(float* demb, const float* dout, const int* ids, int B, i
 __global__ void attention_forward_kernel(float* ctx, float* p, const float* q, const float* k, const float* v,
                                          const uint8_t* key_valid, bool causal, DropoutKey drop, int H, int Lq, int Lk,
                                          int D) {
+  // BEGIN SOLUTION task=attention_kernel points=5
   __shared__ float red[kRowThreads];
   const int i = blockIdx.x % Lq, h = (blockIdx.x / Lq) % H, b = blockIdx.x / (Lq * H), Dk = D / H;
   const float scale = rsqrtf((float)Dk), keep_scale = (float)(1.0 / (1.0 - drop.p));
@@ -1926,6 +1955,7 @@ __global__ void attention_forward_kernel(float* ctx, float* p, const float* q, c
     }
     ci[d] = c;
   }
+  // END SOLUTION
 }
 
 constexpr int kMaxKeysBackward = 8192;  // the longest key row whose dL/dp fits in shared memory (32 KB)
@@ -2047,6 +2077,7 @@ void ffn_backward(float* din, const FfnWeights<float>& dw, float* dh, const floa
 // ---- §3.1 LayerNorm and the residual connection: one block per row ---------------------------------
 __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* in, const float* g, const float* b,
                                          int D, float eps) {
+  // BEGIN SOLUTION task=layernorm_kernel points=5
   __shared__ float red[kRowThreads];
   const float* x = in + (size_t)blockIdx.x * D;
   float s = 0;
@@ -2058,6 +2089,7 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
   float* y = out + (size_t)blockIdx.x * D;
   for (int d = threadIdx.x; d < D; d += blockDim.x) y[d] = (x[d] - mu) * rs * g[d] + b[d];
   if (threadIdx.x == 0) mean[blockIdx.x] = mu, rstd[blockIdx.x] = rs;
+  // END SOLUTION
 }
 
 // din of one row (one block per row); the parameters' gradients are layernorm_param_grads_kernel's.

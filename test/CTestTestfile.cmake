@@ -21,6 +21,9 @@ add_test(checkpoint "${BIN}/checkpoint")
 add_test(train_cli bash "${ROOT}/test/train_cli.sh" "${ROOT}")
 add_test(translate_cli bash "${ROOT}/test/translate_cli.sh" "${ROOT}")
 add_test(crash_safety bash "${ROOT}/test/crash_safety.sh" "${ROOT}" 60)
+# The course grader on the solution: markers and sheets valid, every check passes, hidden example included
+# (course/ci.sh, run by .ci/run, checks handouts and planted wrong answers).
+add_test(course bash -c "cd ${ROOT} && python3 course/handout.py --check && python3 course/grade.py --expect-full --results build/grade/course/results.json && python3 course/grade.py --expect-full --hidden course/hidden-example --results build/grade/course/results-hidden.json")
 add_test(parity_gpu "${BIN}/parity_gpu")
 set(EMU "../build/emu/test")
 add_test(cuda_emulator "${EMU}/cuda_emulator")

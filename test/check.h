@@ -11,6 +11,7 @@ struct Checker {
   long checks = 0, failures = 0;
   double worst_rel = 0, worst_tol = 0;  // the largest relative error seen and the tolerance it had
   std::string worst_what;
+  std::string first_failure;  // the message of the first failed check
 
   explicit Checker(std::string n) : name(std::move(n)) {}
 
@@ -19,12 +20,13 @@ struct Checker {
     ++checks;
     if (!ok) {
       ++failures;
+      char msg[512];
       va_list ap;
       va_start(ap, fmt);
-      std::fprintf(stderr, "FAIL %s: ", name.c_str());
-      std::vfprintf(stderr, fmt, ap);
-      std::fputc('\n', stderr);
+      std::vsnprintf(msg, sizeof msg, fmt, ap);
       va_end(ap);
+      std::fprintf(stderr, "FAIL %s: %s\n", name.c_str(), msg);
+      if (first_failure.empty()) first_failure = msg;
     }
     return ok;
   }

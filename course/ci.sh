@@ -1,0 +1,212 @@
+#!/usr/bin/env bash
+# CI of the course generator and grader (solution tree only; .ci/run calls it). A grader that passes a
+# wrong answer is the worst bug this feature can have, so this checks, on real handout trees:
+#   1. the generator refuses unpaired or unknown markers, unknown tasks, sheets that disagree, with one line;
+#   2. the solution scores 100%, with and without the hidden example, and a tampered hidden snapshot loses
+#      points (the hidden checks can fail);
+#   3. for every task, the handout with only that task blanked builds and scores 0 on it and full points on
+#      every other task, except tasks whose checks call it, which may lose only checks naming its stub;
+#   4. the handout with every task blanked builds completely (`make all`) and scores 0;
+#   5. every planted wrong answer of course/mutants.txt, alone in the solution, loses points on its task,
+#      and a task that hangs or crashes loses its own points only;
+#   6. `make submission` packs the edited files and warns about any other changed file;
+#   7. Gradescope's run_autograder (course/gradescope/) on the every-task handout with the hidden example:
+#      the solution's files submitted score 100% with hidden tests, a submission that does not build 0.
+# Trees are built with CXXFLAGS=-O1 from one baseline build: a job rebuilds only what its change touches.
+#   bash course/ci.sh            everything (jobs in parallel, one per core)
+#   bash course/ci.sh --job J    one job: "blank TASK", "blank all" or "mutant TASK KIND" (used internally)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+cores=$(getconf _NPROCESSORS_ONLN)  # not nproc: it obeys OMP_NUM_THREADS, set to 1 below for the grader
+export CXXFLAGS="-O1 -g0" OMP_NUM_THREADS=1
+work=${COURSE_CI_WORK:-}
+
+# The verdict on one graded tree: reads its results.json and the grader's task list (for dependencies).
+verdict() {  # dir, job words...
+  local dir=$1; shift
+  (cd "$dir" && build/grade/course/grade --list) > "$dir/list.txt"
+  python3 - "$dir" "$@" <<'EOF'
+import json, sys
+d, job = sys.argv[1], sys.argv[2:]
+deps, order = {}, []
+for line in open(d + "/list.txt"):
+    f = line.rstrip("\n").split("\t")
+    if f[0] == "task":
+        deps[f[1]] = [x for x in f[2].split(",") if x]
+        order.append(f[1])
+tests = json.load(open(d + "/results.json"))["tests"]
+score, full, failed = {}, {}, {}
+for t in tests:
+    task = t["name"].split(": ", 1)[0]
+    score[task] = score.get(task, 0) + t["score"]
+    full[task] = full.get(task, 0) + t["max_score"]
+    if t["score"] < t["max_score"]:
+        failed.setdefault(task, []).append(t["output"])
+def calls(task, target, seen=()):
+    return any(x == target or (x not in seen and calls(x, target, seen + (task,))) for x in deps.get(task, []))
+row = " ".join("%s=%.2f/%g" % (t, score[t], full[t]) for t in order if t in score)
+problems = []
+if job[0] == "solution" or job[0] == "hidden":
+    problems = ["%s %.2f/%g: %s" % (t, score[t], full[t], failed[t][0]) for t in score if score[t] < full[t] - 1e-9]
+    if job[0] == "hidden" and not any(t["visibility"] == "hidden" for t in tests):
+        problems.append("no hidden test in results.json")
+elif job[0] == "tampered":
+    bad = job[1]
+    if not score[bad] < full[bad] - 1e-9: problems.append("a tampered hidden snapshot of %s still scores full" % bad)
+    problems += ["%s lost points" % t for t in score if t != bad and score[t] < full[t] - 1e-9]
+elif job[0] == "blank" and job[1] == "all":
+    problems = ["%s scores %.2f" % (t, score[t]) for t in score if score[t] > 0]
+elif job[0] == "blank":
+    x = job[1]
+    if score.get(x, 1) != 0: problems.append("%s scores %.2f with its stub" % (x, score.get(x, -1)))
+    for t in score:
+        if t == x or score[t] >= full[t] - 1e-9: continue
+        if not calls(t, x):
+            problems.append("%s lost points: %s" % (t, failed[t][0]))
+        elif any("TODO(task=%s)" % x not in o for o in failed[t]):
+            problems.append("%s lost a check not caused by %s's stub: %s" % (t, x, [o for o in failed[t] if "TODO(task=%s)" % x not in o][0]))
+elif job[0] == "isolated":
+    t = job[1]
+    if score[t] != 0: problems.append("%s scores %.2f although it %s" % (t, score[t], "hangs" if job[2] == "hang" else "crashes"))
+    problems += ["%s lost points: %s" % (u, failed[u][0]) for u in score if u != t and score[u] < full[u] - 1e-9]
+    row = "%s %.2f/%g (%s), every other task full" % (t, score[t], full[t], failed.get(t, ["?"])[0][8:60])
+elif job[0] == "mutant":
+    t = job[1]
+    if not score[t] < full[t] - 1e-9: problems.append("the planted answer is not caught: %s scores %.2f/%g" % (t, score[t], full[t]))
+    row = "%s %.2f/%g" % (t, score[t], full[t])
+print("%-4s %-45s %s" % ("FAIL" if problems else "ok", " ".join(job), row))
+for p in problems: print("     " + p)
+sys.exit(1 if problems else 0)
+EOF
+}
+
+# One job in its own tree: generate, reuse the baseline's objects, build, grade, judge.
+run_job() {
+  local job=$1 dir
+  dir=$work/$(echo "$job" | tr ' ' '-')
+  set -- $job
+  if [ "$1" = mutant ]; then
+    python3 course/handout.py --mutant "$2" "$3" --out "$dir" >/dev/null
+  else
+    python3 course/handout.py --tasks "$2" --keep-markers --out "$dir" >/dev/null
+  fi
+  cp -a "$work/base/build" "$dir/"  # unchanged sources keep their times (copy2): their objects stay valid
+  local target=build/grade/course/grade
+  [ "$job" = "blank all" ] && target="all $target"  # every program and test compiles with every stub
+  if ! make -C "$dir" CPU=1 $target >"$dir/build.log" 2>&1; then
+    echo "FAIL $job: does not build"; tail -5 "$dir/build.log"; return 1
+  fi
+  local limit=300 words=$job
+  case "$job" in *" hang" | *" crash") limit=10 words="isolated $2 $3" ;; esac
+  (cd "$dir" && python3 course/grade.py --timeout $limit --results results.json >grade.txt 2>&1) || { echo "FAIL $job: the grader did not run"; tail -3 "$dir/grade.txt"; return 1; }
+  [ "$job" = "blank all" ] && cp "$dir/grade.txt" "$work/blank-all-table.txt"
+  verdict "$dir" $words
+}
+
+if [ "${1:-}" = --job ]; then
+  run_job "$2"
+  exit
+fi
+
+start=$(date +%s)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export COURSE_CI_WORK=$work
+fails=0
+
+echo "== course 1: the generator refuses bad input with one line"
+refuse() {  # description, command run in a fresh copy of the sources and sheets
+  local d=$work/refuse out rc=0
+  rm -rf "$d" && mkdir -p "$d/course"
+  cp transformer.h transformer.cu tokenizer.cpp bleu.h "$d/"
+  cp -r course/tasks course/markers.py course/handout.py course/mutants.txt "$d/course/"
+  (cd "$d" && eval "$2") >/dev/null 2>&1 || true
+  out=$(cd "$d" && python3 course/handout.py --tasks "${3:-all}" --out "$d/out" 2>&1 >/dev/null) || rc=$?
+  if [ "$rc" = 1 ] && [ "$(printf '%s\n' "$out" | wc -l)" = 1 ]; then echo "ok   refuses $1: $out"
+  else echo "FAIL does not refuse $1 with one line (exit $rc): $out"; fails=$((fails + 1)); fi
+}
+refuse "a BEGIN without END" "sed -i '0,/^  \/\/ END SOLUTION\$/{//d}' transformer.cu"
+refuse "an END without BEGIN" "echo '  // END SOLUTION' >> bleu.h"
+refuse "a marker without points" "sed -i 's|task=layernorm_backward points=8|task=layernorm_backward|' transformer.cu"
+refuse "a misspelt marker" "sed -i 's|// END SOLUTION|// END SOLUTIONS|' tokenizer.cpp"
+refuse "a task without a sheet" "sed -i 's|task=adam_update|task=adam_updates|' transformer.cu"
+refuse "points that disagree with the sheet" "sed -i 's|^Points: 8|Points: 9|' course/tasks/layernorm_backward.md"
+refuse "two regions of a task with different points" "sed -i '0,/task=sublayer_connection_backward points=6/s//task=sublayer_connection_backward points=5/' transformer.cu"
+refuse "an unknown task in TASKS" "true" "layernorm_backward,no_such_task"
+refuse "an OUT that is not empty" "mkdir -p out && touch out/x"
+out=$(python3 course/handout.py --mutant linear_backward no-such-kind --out "$work/m0" 2>&1 >/dev/null) && rc=0 || rc=$?
+if [ "$rc" = 1 ]; then echo "ok   refuses an unknown planted answer: $out"; else echo "FAIL accepts an unknown planted answer"; fails=$((fails + 1)); fi
+
+echo "== course 2: the solution (baseline build, CXXFLAGS=$CXXFLAGS)"
+python3 course/handout.py --tasks none --keep-markers --out "$work/base" >/dev/null
+make -C "$work/base" -j"$cores" CPU=1 build/grade/course/grade >"$work/base/build.log" 2>&1 || { tail -20 "$work/base/build.log"; exit 1; }
+(cd "$work/base" && python3 course/grade.py --results results.json > grade.txt) && cat "$work/base/grade.txt"
+verdict "$work/base" solution || fails=$((fails + 1))
+cp -r course/hidden-example "$work/hidden"
+(cd "$work/base" && python3 course/grade.py --hidden "$work/hidden" --results results.json > grade-hidden.txt)
+verdict "$work/base" hidden || fails=$((fails + 1))
+# a tampered expected value: the hidden learning-rate snapshot's first rate, doubled
+python3 - "$work/hidden/snapshots/learning_rate.txt" <<'EOF'
+import sys
+p = sys.argv[1]; case, out, words = open(p).read().split("\n")[0].split("\t")
+w = words.split(); w[0] = repr(2 * float(w[0]))
+open(p, "w").write("\t".join([case, out, " ".join(w)]) + "\n")
+EOF
+(cd "$work/base" && python3 course/grade.py --hidden "$work/hidden" --results results.json > grade-tampered.txt)
+verdict "$work/base" tampered learning_rate || fails=$((fails + 1))
+(cd "$work/base" && python3 course/grade.py --results results.json > /dev/null)
+
+echo "== course 3-5: one tree per blanked task, every task blanked, every planted answer ($cores at a time)"
+{
+  python3 course/handout.py --list | while read -r task _; do echo "blank $task"; done
+  echo "blank all"
+  sed -n 's/^== //p' course/mutants.txt | while read -r task kind; do echo "mutant $task $kind"; done
+} > "$work/jobs.txt"
+if ! xargs -P "$cores" -I{} bash course/ci.sh --job "{}" < "$work/jobs.txt" > "$work/jobs.log" 2>&1; then fails=$((fails + 1)); fi
+sort -k2 "$work/jobs.log" | grep -v '^ok' || true
+echo "$(grep -c '^ok' "$work/jobs.log") of $(wc -l < "$work/jobs.txt") jobs ok"
+[ "$(grep -c '^ok' "$work/jobs.log")" = "$(wc -l < "$work/jobs.txt")" ] || fails=$((fails + 1))
+echo "-- planted wrong answers: the task's score"
+grep -E ' (mutant|isolated) ' "$work/jobs.log" | sort -k2 || true
+echo "-- the handout with every task blanked"
+cat "$work/blank-all-table.txt" 2>/dev/null | sed -n '1,/^total/p'
+
+echo "== course 6: make submission"
+d=$work/blank-all
+if (cd "$d" && make -s submission >sub.txt 2>&1) && tar tzf "$d/submission.tar.gz" | sort | diff - <(sort "$d/course/EDITABLE") >/dev/null \
+   && ! grep -q warning "$d/sub.txt"; then echo "ok   submission.tar.gz holds exactly course/EDITABLE's files, no warning"
+else echo "FAIL make submission"; cat "$d/sub.txt"; fails=$((fails + 1)); fi
+echo "# changed" >> "$d/README.md"
+out=$(cd "$d" && make -s submission 2>&1)
+if grep -q "warning: README.md was changed" <<<"$out"; then echo "ok   make submission warns about a changed README.md"
+else echo "FAIL make submission does not warn about a changed README.md"; fails=$((fails + 1)); fi
+
+echo "== course 7: Gradescope's run_autograder"
+ag=$work/ag
+mkdir -p "$ag/submission"
+cp -a "$d" "$ag/source"
+cp -r course/hidden-example "$ag/source/hidden"
+tar czf "$ag/submission/submission.tar.gz" $(cat "$d/course/EDITABLE")  # the solution's files, as make submission packs them
+AUTOGRADER=$ag bash "$ag/source/course/gradescope/run_autograder" > "$ag/run.txt" 2>&1 || true
+python3 - "$ag/results/results.json" full <<'EOF2' || fails=$((fails + 1))
+import json, sys
+r = json.load(open(sys.argv[1])); total = sum(t["max_score"] for t in r["tests"])
+hidden = sum(t["visibility"] == "hidden" for t in r["tests"])
+ok = abs(r["score"] - total) < 1e-6 and hidden > 0
+print("%s  the solution submitted: %.2f / %.2f, %d hidden tests" % ("ok  " if ok else "FAIL", r["score"], total, hidden))
+sys.exit(0 if ok else 1)
+EOF2
+rm "$ag/submission/submission.tar.gz"
+printf 'int broken(' > "$ag/submission/bleu.h"
+AUTOGRADER=$ag bash "$ag/source/course/gradescope/run_autograder" > "$ag/run-broken.txt" 2>&1 || true
+python3 - "$ag/results/results.json" <<'EOF2' || fails=$((fails + 1))
+import json, sys
+r = json.load(open(sys.argv[1]))
+ok = r["score"] == 0 and "does not build" in r["output"]
+print("%s  a submission that does not build: %.2f points, the build log in the output" % ("ok  " if ok else "FAIL", r["score"]))
+sys.exit(0 if ok else 1)
+EOF2
+
+echo "course CI: $((fails)) failures, $(( $(date +%s) - start )) s"
+[ "$fails" = 0 ]
