@@ -101,7 +101,7 @@ check "--help lists the options with defaults" sh -c "'$train' --help | grep -q 
 "$train" --data numbers --max-steps 60 --val-every 20 --val-sentences 20 --out ordered > ordered.log 2>&1
 first() { grep -n -m1 -- "$1" ordered.log | cut -d: -f1; }
 order=""
-for p in "^BPE: " "^data: " "^model: " "^batches: " "^step 1 | " "^validation at step 20:" "^validation at step 40:" \
+for p in "^BPE: " "^data: " "^batches: " "^model: " "^step 1 | " "^validation at step 20:" "^validation at step 40:" \
          "^validation at step 60:" "^stopped: " "^checkpoint " "^test: "; do order="$order $(first "$p")"; done
 check "the captured log holds every line in the order printed (first lines at:$order)" \
   sh -c "echo '$order' | awk '{ for (i = 1; i <= NF; i++) if (\$i == \"\" || (i > 1 && \$i <= \$(i - 1))) exit 1; exit NF != 11 }'"
