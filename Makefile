@@ -83,7 +83,7 @@ endif
 EMU_BUILD    := $(BUILD)/emu
 EMU_CXXFLAGS := -O1 -g -std=c++17 -Wall -Wextra -Wno-unused-parameter $(filter -fopenmp,$(CXXFLAGS)) \
                 $(shell pkg-config --cflags libutf8proc) -DTRANSFORMER_CUDA -DTRANSFORMER_EMULATED_GPU $(SANITIZE_FLAGS)
-EMU_LDLIBS   := $(shell pkg-config --libs libutf8proc) $(filter -fopenmp,$(LDLIBS))
+EMU_LDLIBS   := $(shell pkg-config --libs libutf8proc) $(filter -fopenmp $(SANITIZE_FLAGS),$(LDLIBS))
 EMU_TESTS    := $(EMU_BUILD)/test/parity_gpu $(EMU_BUILD)/test/cuda_emulator
 
 # ---- sources -----------------------------------------------------------------------------------
