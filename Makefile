@@ -194,7 +194,7 @@ fuzz: $(FUZZ_TARGETS)
 # Course assignments (README, "Course assignments"): the grader in any tree; the generator and the
 # snapshot writer in the solution tree only (course/handout.py and course/snapshots.cpp are not in a handout).
 grade: $(GRADE_BUILD)/course/grade
-	python3 course/grade.py $(if $(HIDDEN),--hidden $(HIDDEN))
+	python3 course/grade.py $(if $(HIDDEN),--hidden $(HIDDEN)) $(if $(REFERENCE),--reference $(REFERENCE))
 
 snapshots: $(filter %/snapshots,$(COURSE))
 	@test -f course/snapshots.cpp || { echo "make snapshots: runs in the solution tree (course/snapshots.cpp is not in a handout)"; exit 1; }

@@ -5,16 +5,19 @@
 #   2. the solution scores 100%, with and without the hidden example, and a tampered hidden snapshot loses
 #      points (the hidden checks can fail);
 #   3. for every task, the handout with only that task blanked builds and scores 0 on it and full points on
-#      every other task, except tasks whose checks call it, which may lose only checks naming its stub;
+#      every other task (graded with --reference, the solution: a task whose checks call the blanked one is
+#      graded again on its own code alone);
 #   4. the handout with every task blanked builds completely (`make all`) and scores 0;
 #   5. every planted wrong answer of course/mutants.txt, alone in the solution, loses points on its task,
-#      and a task that hangs or crashes loses its own points only;
+#      and a task that hangs or crashes loses its own points only; a planted answer in a task whose checks
+#      call other tasks loses points again with those tasks blanked (the isolated grading cannot pass it);
 #   6. `make submission` packs the edited files and warns about any other changed file;
 #   7. Gradescope's run_autograder (course/gradescope/) on the every-task handout with the hidden example:
 #      the solution's files submitted score 100% with hidden tests, a submission that does not build 0.
 # Trees are built with CXXFLAGS=-O1 from one baseline build: a job rebuilds only what its change touches.
 #   bash course/ci.sh            everything (jobs in parallel, one per core)
-#   bash course/ci.sh --job J    one job: "blank TASK", "blank all" or "mutant TASK KIND" (used internally)
+#   bash course/ci.sh --job J    one job: "blank TASK", "blank all" or "mutant TASK KIND [BLANKED,...]"
+#                                (used internally)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -22,19 +25,14 @@ cores=$(getconf _NPROCESSORS_ONLN)  # not nproc: it obeys OMP_NUM_THREADS, set t
 export CXXFLAGS="-O1 -g0" OMP_NUM_THREADS=1
 work=${COURSE_CI_WORK:-}
 
-# The verdict on one graded tree: reads its results.json and the grader's task list (for dependencies).
+# The verdict on one graded tree: reads its results.json and the grader's task list (for the order).
 verdict() {  # dir, job words...
   local dir=$1; shift
   (cd "$dir" && build/grade/course/grade --list) > "$dir/list.txt"
   python3 - "$dir" "$@" <<'EOF'
 import json, sys
 d, job = sys.argv[1], sys.argv[2:]
-deps, order = {}, []
-for line in open(d + "/list.txt"):
-    f = line.rstrip("\n").split("\t")
-    if f[0] == "task":
-        deps[f[1]] = [x for x in f[2].split(",") if x]
-        order.append(f[1])
+order = [l.split("\t")[1] for l in open(d + "/list.txt") if l.startswith("task\t")]
 tests = json.load(open(d + "/results.json"))["tests"]
 score, full, failed = {}, {}, {}
 for t in tests:
@@ -43,8 +41,6 @@ for t in tests:
     full[task] = full.get(task, 0) + t["max_score"]
     if t["score"] < t["max_score"]:
         failed.setdefault(task, []).append(t["output"])
-def calls(task, target, seen=()):
-    return any(x == target or (x not in seen and calls(x, target, seen + (task,))) for x in deps.get(task, []))
 row = " ".join("%s=%.2f/%g" % (t, score[t], full[t]) for t in order if t in score)
 problems = []
 if job[0] == "solution" or job[0] == "hidden":
@@ -60,12 +56,7 @@ elif job[0] == "blank" and job[1] == "all":
 elif job[0] == "blank":
     x = job[1]
     if score.get(x, 1) != 0: problems.append("%s scores %.2f with its stub" % (x, score.get(x, -1)))
-    for t in score:
-        if t == x or score[t] >= full[t] - 1e-9: continue
-        if not calls(t, x):
-            problems.append("%s lost points: %s" % (t, failed[t][0]))
-        elif any("TODO(task=%s)" % x not in o for o in failed[t]):
-            problems.append("%s lost a check not caused by %s's stub: %s" % (t, x, [o for o in failed[t] if "TODO(task=%s)" % x not in o][0]))
+    problems += ["%s lost points: %s" % (t, failed[t][0]) for t in score if t != x and score[t] < full[t] - 1e-9]
 elif job[0] == "isolated":
     t = job[1]
     if score[t] != 0: problems.append("%s scores %.2f although it %s" % (t, score[t], "hangs" if job[2] == "hang" else "crashes"))
@@ -74,7 +65,9 @@ elif job[0] == "isolated":
 elif job[0] == "mutant":
     t = job[1]
     if not score[t] < full[t] - 1e-9: problems.append("the planted answer is not caught: %s scores %.2f/%g" % (t, score[t], full[t]))
-    row = "%s %.2f/%g" % (t, score[t], full[t])
+    if len(job) > 3 and any("TODO(task=" in o for o in failed.get(t, [])):
+        problems.append("%s was not graded in isolation from %s: %s" % (t, job[3], [o for o in failed[t] if "TODO(task=" in o][0]))
+    row = "%s %.2f/%g%s" % (t, score[t], full[t], " (%s blanked)" % job[3] if len(job) > 3 else "")
 print("%-4s %-45s %s" % ("FAIL" if problems else "ok", " ".join(job), row))
 for p in problems: print("     " + p)
 sys.exit(1 if problems else 0)
@@ -87,7 +80,7 @@ run_job() {
   dir=$work/$(echo "$job" | tr ' ' '-')
   set -- $job
   if [ "$1" = mutant ]; then
-    python3 course/handout.py --mutant "$2" "$3" --out "$dir" >/dev/null
+    python3 course/handout.py --mutant "$2" "$3" --tasks "${4:-none}" --out "$dir" >/dev/null
   else
     python3 course/handout.py --tasks "$2" --keep-markers --out "$dir" >/dev/null
   fi
@@ -99,7 +92,7 @@ run_job() {
   fi
   local limit=300 words=$job
   case "$job" in *" hang" | *" crash") limit=10 words="isolated $2 $3" ;; esac
-  (cd "$dir" && python3 course/grade.py --timeout $limit --results results.json >grade.txt 2>&1) || { echo "FAIL $job: the grader did not run"; tail -3 "$dir/grade.txt"; return 1; }
+  (cd "$dir" && python3 course/grade.py --timeout $limit --reference "$work/base" --results results.json >grade.txt 2>&1) || { echo "FAIL $job: the grader did not run"; tail -3 "$dir/grade.txt"; return 1; }
   [ "$job" = "blank all" ] && cp "$dir/grade.txt" "$work/blank-all-table.txt"
   verdict "$dir" $words
 }
@@ -161,7 +154,11 @@ echo "== course 3-5: one tree per blanked task, every task blanked, every plante
 {
   python3 course/handout.py --list | while read -r task _; do echo "blank $task"; done
   echo "blank all"
-  sed -n 's/^== //p' course/mutants.txt | while read -r task kind; do echo "mutant $task $kind"; done
+  sed -n 's/^== //p' course/mutants.txt | while read -r task kind; do
+    echo "mutant $task $kind"
+    deps=$(awk -F'\t' -v t="$task" '$1 == "task" && $2 == t {print $3}' "$work/base/list.txt")
+    if [ -n "$deps" ]; then echo "mutant $task $kind $deps"; fi
+  done
 } > "$work/jobs.txt"
 if ! xargs -P "$cores" -I{} bash course/ci.sh --job "{}" < "$work/jobs.txt" > "$work/jobs.log" 2>&1; then fails=$((fails + 1)); fi
 sort -k2 "$work/jobs.log" | grep -v '^ok' || true
@@ -186,6 +183,7 @@ echo "== course 7: Gradescope's run_autograder"
 ag=$work/ag
 mkdir -p "$ag/submission"
 cp -a "$d" "$ag/source"
+cp -a "$work/base" "$ag/source/reference"  # the solution: isolated grading (grade.py --reference)
 cp -r course/hidden-example "$ag/source/hidden"
 tar czf "$ag/submission/submission.tar.gz" $(cat "$d/course/EDITABLE")  # the solution's files, as make submission packs them
 AUTOGRADER=$ag bash "$ag/source/course/gradescope/run_autograder" > "$ag/run.txt" 2>&1 || true

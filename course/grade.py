@@ -7,12 +7,17 @@ the sources (course/markers.py); each task's points are shared equally by its ch
 Prints the table (task | checks passed | worst error | tolerance | points) and writes results.json in
 Gradescope's format. Exits 0 whatever the score; 2 when the grader itself cannot run.
 
+With --reference DIR (a solution tree: the instructor's, on Gradescope), a task whose checks call another
+task that loses points here is graded again in isolation: in a copy of the reference with only that task's
+regions taken from this tree (build/isolated/), so that each task is graded on its own code alone.
+
 submission: submission.tar.gz of the files that hold the assigned tasks (course/EDITABLE), with a warning for
 every other file that differs from the handout (course/MANIFEST, sha256 sums). Standard library only."""
 import argparse
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,13 +34,13 @@ def fail(msg):
     sys.exit(2)
 
 
-def run_grader(args, timeout):
+def run_grader(args, timeout, cwd="."):
     # gradient checks are small: threads only add overhead. The emulated GPU reshuffles its threads at every
     # barrier (cuda_emulator.h), so a kernel that races fails here rather than passing by luck.
     env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="passive", CUDA_EMULATOR_ORDER="shuffle",
                CUDA_EMULATOR_SEED="7")
-    return subprocess.run([GRADER] + args, capture_output=True, text=True, timeout=timeout, env=env,
-                          errors="replace")
+    return subprocess.run([os.path.abspath(os.path.join(cwd, GRADER))] + args, capture_output=True, text=True, timeout=timeout, env=env,
+                          errors="replace", cwd=cwd)
 
 
 def list_checks(hidden):
@@ -53,11 +58,11 @@ def list_checks(hidden):
     return tasks, checks
 
 
-def run_task(task, checks, hidden, timeout):
+def run_task(task, checks, hidden, timeout, cwd="."):
     """Runs one task's checks; returns (results by index, a note when the process did not finish cleanly)."""
     results, note = {}, ""
     try:
-        r = run_grader(["--task", task] + (["--hidden", hidden] if hidden else []), timeout)
+        r = run_grader(["--task", task] + (["--hidden", hidden] if hidden else []), timeout, cwd)
         out, err, code = r.stdout, r.stderr, r.returncode
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
@@ -79,6 +84,85 @@ def run_task(task, checks, hidden, timeout):
     return results, note
 
 
+def copy_tree(src, dst):
+    """A copy of the tree at src (sources and build/grade/, with their modification times, so that the copy's
+    build reuses every object its changes do not touch), without runs and other build outputs."""
+    for d, dirs, names in os.walk(src):
+        rel = os.path.relpath(d, src)
+        dirs[:] = [x for x in dirs if x not in (".git", "runs") and not (rel == "." and x == "build")]
+        os.makedirs(os.path.join(dst, rel), exist_ok=True)
+        for n in names:
+            shutil.copy2(os.path.join(d, n), os.path.join(dst, rel, n))
+    if os.path.isdir(os.path.join(src, "build", "grade")):
+        shutil.copytree(os.path.join(src, "build", "grade"), os.path.join(dst, "build", "grade"), symlinks=True)
+        for n in os.listdir(os.path.join(src, "build")):
+            if n.endswith(".stamp"):
+                shutil.copy2(os.path.join(src, "build", n), os.path.join(dst, "build", n))
+
+
+def transplant(tree, tasks):
+    """Replaces, in the reference copy at `tree`, the bodies of the regions of `tasks` by this tree's.
+    Returns None, or why it cannot (this tree's regions of a task do not pair with the reference's)."""
+    mine, theirs = markers.read_regions("."), markers.read_regions(tree)
+    for rel in sorted({r.path for r in theirs if r.task in tasks}):
+        lines = open(os.path.join(tree, rel), encoding="utf-8").read().split("\n")
+        src = open(rel, encoding="utf-8").read().split("\n")
+        new, last = [], 0
+        for r in [r for r in theirs if r.path == rel]:
+            new += lines[last:r.begin + 1]
+            if r.task in tasks:
+                k = [x for x in theirs if x.task == r.task].index(r)
+                own = [x for x in mine if x.task == r.task]
+                if len(own) != len([x for x in theirs if x.task == r.task]) or own[k].path != rel:
+                    return "its regions of %s do not pair with the reference's" % r.task
+                new += src[own[k].begin + 1:own[k].end]
+            else:
+                new += lines[r.begin + 1:r.end]
+            last = r.end
+        new += lines[last:]
+        with open(os.path.join(tree, rel), "w", encoding="utf-8") as f:
+            f.write("\n".join(new))
+    return None
+
+
+def isolate(args, known, checks, order, graded):
+    """Grades again, each in a copy of the reference with only its own regions from this tree, the tasks that
+    lost points while some task their checks call lost points too: their grade is then their own code's."""
+    def lost(t):
+        return any(not r["passed"] for r in graded[t][0].values())
+    def calls(t, seen=()):
+        out = set()
+        for d in known.get(t, []):
+            if d not in seen:
+                out |= {d} | calls(d, seen + (t,))
+        return out
+    needing = [t for t in order if lost(t) and any(d in graded and lost(d) for d in calls(t))]
+    # tasks that call none of each other share a copy: rounds by the longest chain of calls among them
+    depth = {}
+    for t in sorted(needing, key=lambda t: len(calls(t))):
+        depth[t] = 1 + max([depth[d] for d in calls(t) if d in depth], default=-1)
+    ref = os.path.abspath(args.reference)
+    for level in sorted(set(depth.values())):
+        group = [t for t in needing if depth[t] == level]
+        tree = os.path.join("build", "isolated", str(level))
+        shutil.rmtree(tree, ignore_errors=True)
+        copy_tree(ref, tree)
+        why = transplant(tree, set(group))
+        log = os.path.join(tree, "build.log")
+        if not why:
+            with open(log, "w") as f:
+                built = subprocess.run(["make", "-C", tree, "CPU=1", GRADER], stdout=f, stderr=subprocess.STDOUT)
+            if built.returncode != 0:
+                why = "it does not build in the reference (%s)" % log
+        for t in group:
+            deps = ", ".join(d for d in sorted(calls(t)) if d in graded and lost(d))
+            if why:
+                graded[t] = (graded[t][0], "not graded in isolation: " + why)
+                continue
+            results, note = run_task(t, checks[t], args.hidden, args.timeout, cwd=tree)
+            graded[t] = (results, "graded with the reference's %s%s" % (deps, "; " + note if note else ""))
+
+
 def grade(args):
     if not os.path.exists(GRADER):
         fail(GRADER + " is missing (make grade builds it)")
@@ -93,11 +177,14 @@ def grade(args):
     if unknown:
         fail("the sources mark tasks the grader does not know: " + ", ".join(unknown))
     order = [t for t in known if t in points]
+    graded = {t: run_task(t, checks[t], args.hidden, args.timeout) for t in order}
+    if args.reference:
+        isolate(args, known, checks, order, graded)
     rows, tests = [], []
     total = earned_total = 0.0
     for task in order:
         cs = checks[task]
-        results, note = run_task(task, cs, args.hidden, args.timeout)
+        results, note = graded[task]
         each = points[task] / len(cs) if cs else 0.0
         passed = sum(1 for n in range(len(cs)) if results[n]["passed"])
         earned = each * passed
@@ -186,6 +273,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--hidden", help="a folder of hidden cases (cases.txt) and their snapshots (snapshots/)")
     p.add_argument("--results", default="results.json", help="where to write Gradescope's results.json")
+    p.add_argument("--reference", metavar="DIR",
+                   help="a solution tree: grade each task that calls a failing task on its own code alone")
     p.add_argument("--timeout", type=int, default=300, help="seconds one task's checks may take")
     p.add_argument("--show", type=int, default=20, help="how many failed checks to print")
     p.add_argument("--expect-full", action="store_true", help="exit 1 unless every check passes (the solution's test)")
@@ -197,6 +286,8 @@ def main():
         fail("HIDDEN=%s is not a folder" % args.hidden)
     if args.hidden:
         args.hidden = os.path.abspath(args.hidden)
+    if args.reference and not os.path.isfile(os.path.join(args.reference, "course", "checks.h")):
+        fail("REFERENCE=%s is not a solution tree (no course/checks.h)" % args.reference)
     if args.submission:
         submission(args)
     elif args.build_failed:

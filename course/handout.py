@@ -197,7 +197,7 @@ def main():
                    help="keep the markers of the tasks not chosen (CI grades every task of such a handout)")
     p.add_argument("--check", action="store_true", help="validate the markers and sheets, write nothing")
     p.add_argument("--mutant", nargs=2, metavar=("TASK", "KIND"),
-                   help="plant a wrong answer of course/mutants.txt (CI): nothing blanked, markers kept")
+                   help="plant a wrong answer of course/mutants.txt (CI): markers kept; the tasks of --tasks blanked")
     p.add_argument("--list", action="store_true", help="print the task ids and points")
     a = p.parse_args()
     try:
@@ -210,8 +210,8 @@ def main():
         if not a.out:
             raise Refusal("OUT= names the handout's folder")
         names = [t for t in a.tasks.split(",") if t]
-        if a.mutant:
-            order, _ = make_handout(a.root, set(), a.out, True, a.mutant)
+        if a.mutant and names in ([], ["none"]):
+            make_handout(a.root, set(), a.out, True, a.mutant)
             print("solution with planted answer '%s %s' in %s" % (a.mutant[0], a.mutant[1], a.out))
             return 0
         if names == ["all"]:
@@ -225,7 +225,12 @@ def main():
             if unknown:
                 raise Refusal("unknown task %s (the tasks: %s)" % (", ".join(unknown), ",".join(points)))
             chosen = set(names)
-        order, editable = make_handout(a.root, chosen, a.out, a.keep_markers)
+        if a.mutant and a.mutant[0] in chosen:
+            raise Refusal("the planted answer's task %s is also blanked" % a.mutant[0])
+        order, editable = make_handout(a.root, chosen, a.out, a.keep_markers or bool(a.mutant), a.mutant)
+        if a.mutant:
+            print("planted answer '%s %s' in %s, with %s blanked" % (a.mutant[0], a.mutant[1], a.out, ",".join(order)))
+            return 0
         print("handout in %s: %d tasks (%s), %s to edit" % (a.out, len(order), ",".join(order) or "none",
                                                           ", ".join(editable) or "no file"))
         return 0
