@@ -79,12 +79,33 @@ else
   $(info ✗ nvcc not used$(if $(filter 1,$(CPU)), (CPU=1),): transformer.cu compiled by $(CXX) as C++, CPU path only)
 endif
 
+# Data parallelism (./train only, parallel.h): MPI from Debian's libopenmpi-dev and openmpi-bin; NCCL from
+# the CUDA toolkit, between real GPUs (on the emulated GPU, MPI stands in for it).
+MPI_LIBS := $(shell mpicxx --showme:link 2>/dev/null)
+ifneq ($(MPI_LIBS),)
+  TRAIN_FLAGS := $(shell mpicxx --showme:compile) -DTRANSFORMER_MPI -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX
+  $(info ✓ MPI: mpirun -np N ./train trains on N ranks)
+  NCCL_H := $(firstword $(wildcard $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h /usr/local/include/nccl.h))
+  ifeq ($(NVCC),)
+    $(info ✗ NCCL not used (no nvcc build): $(if $(filter emu,$(CONFIG)),MPI sums the emulated GPU's gradients,CPU gradients summed with MPI))
+  else ifneq ($(NCCL_H),)
+    TRAIN_FLAGS += -DTRANSFORMER_NCCL -I$(dir $(NCCL_H)) -I$(CUDA_HOME)/include
+    MPI_LIBS    += -lnccl
+    $(info ✓ NCCL ($(NCCL_H)): GPU ranks sum gradients with ncclAllReduce)
+  else
+    $(info ✗ NCCL not found (nccl.h): ./train under mpirun on GPUs says so and stops)
+  endif
+else
+  $(info ✗ MPI not found (libopenmpi-dev, openmpi-bin): ./train runs on one process, and says so under mpirun)
+endif
+CONFIG := $(CONFIG)$(if $(MPI_LIBS), mpi)
+
 # The emulated GPU's tests: the GPU section compiled by g++ against cuda_emulator.h, with the sanitizers.
 EMU_BUILD    := $(BUILD)/emu
 EMU_CXXFLAGS := -O1 -g -std=c++17 -Wall -Wextra -Wno-unused-parameter $(filter -fopenmp,$(CXXFLAGS)) \
                 $(shell pkg-config --cflags libutf8proc) -DTRANSFORMER_CUDA -DTRANSFORMER_EMULATED_GPU $(SANITIZE_FLAGS)
 EMU_LDLIBS   := $(shell pkg-config --libs libutf8proc) $(filter -fopenmp $(SANITIZE_FLAGS),$(LDLIBS))
-EMU_TESTS    := $(EMU_BUILD)/test/parity_gpu $(EMU_BUILD)/test/cuda_emulator
+EMU_TESTS    := $(EMU_BUILD)/test/parity_gpu $(EMU_BUILD)/test/cuda_emulator $(EMU_BUILD)/train
 
 # ---- sources -----------------------------------------------------------------------------------
 LIB_OBJS := $(patsubst %.cu,$(BUILD)/%.o,$(wildcard transformer.cu)) $(patsubst %.cpp,$(BUILD)/%.o,$(wildcard tokenizer.cpp data/*.cpp))
@@ -125,12 +146,20 @@ $(EMU_BUILD)/%.o: %.cpp $(HEADERS)
 $(EMU_BUILD)/test/%: $(EMU_BUILD)/test/%.o $(EMU_OBJS)
 	$(CXX) $(EMU_CXXFLAGS) $^ -o $@ $(EMU_LDLIBS)
 
+# ./train on the emulated GPU: test/data_parallel.sh runs its GPU path (gradients in "device" buffers) over MPI
+$(EMU_BUILD)/train.o: EMU_CXXFLAGS += $(TRAIN_FLAGS)
+$(EMU_BUILD)/train: $(EMU_BUILD)/train.o $(EMU_OBJS)
+	$(CXX) $(EMU_CXXFLAGS) $^ -o $@ $(EMU_LDLIBS) $(MPI_LIBS)
+
 $(BUILD)/%.o: %.cpp $(HEADERS) $(BUILD)/config.stamp
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -c $< -o $@
 
 $(PROGRAMS): %: $(BUILD)/%.o $(LIB_OBJS)
 	$(CXX) $^ -o $@ $(LDLIBS)
+
+$(BUILD)/train.o: CXXFLAGS += $(TRAIN_FLAGS)
+train: LDLIBS += $(MPI_LIBS)
 
 $(BUILD)/test/%: $(BUILD)/test/%.o $(LIB_OBJS)
 	$(CXX) $^ -o $@ $(LDLIBS)

@@ -24,6 +24,7 @@
 
 #include "bleu.h"
 #include "data/numbers.h"
+#include "parallel.h"
 #include "svg.h"
 #include "tokenizer.h"
 #include "transformer.h"
@@ -47,10 +48,16 @@ struct Options {
   long val_every = -1;       // steps; -1: once per epoch
   int val_sentences = -1;    // -1: all (number corpus), 500 (Multi30k)
   int log_every = 1;
+  int accumulate = 1;               // batches per rank whose gradients one optimizer step sums
+  double collective_timeout = 600;  // seconds a rank waits for the others in an all-reduce
+  long check_every = 100;           // steps between checks that every rank holds the same parameters
 };
 
+int g_rank = 0;  // this process's rank (data parallelism): rank 0 alone prints
+
+// Errors every rank meets alike (options, data, a NaN loss): rank 0 says it.
 [[noreturn]] void fail(const std::string& msg) {
-  std::fprintf(stderr, "train: %s\n", msg.c_str());
+  if (g_rank == 0) std::fprintf(stderr, "train: %s\n", msg.c_str());
   std::exit(1);
 }
 
@@ -73,6 +80,8 @@ void usage() {
       "  --pre-ln               LayerNorm inside the residual branch (default: post-LN, as §3.1)\n"
       "training\n"
       "  --batch-tokens N       source and target tokens per batch, each (default 4096; 1024 for tiny) [§5.1]\n"
+      "  --accumulate K         sum the gradients of K batches before each optimizer step (default 1): a step\n"
+      "                         then takes K x ranks batches, its loss normalised by all their target tokens\n"
       "  --warmup N --lr-scale S  Eq. 3 schedule (default: the preset's)\n"
       "  --clip-norm C          global gradient-norm clipping [DEVIATION] (default off)\n"
       "  --epochs N --max-steps N --time-limit SECONDS   stop at the first reached (default: 40 epochs on\n"
@@ -89,7 +98,11 @@ void usage() {
       "  --val-every N          steps between validations (default: once per epoch)\n"
       "  --val-sentences N      validation sentences decoded for BLEU (default all on numbers, 500 on Multi30k)\n"
       "  --log-every N          steps between lines of log.csv (default 1)\n"
-      "  --quiet                no progress line\n");
+      "  --quiet                no progress line\n"
+      "data parallelism: mpirun -np N ./train ... (a build with MPI; NCCL between GPUs)\n"
+      "  --collective-timeout S seconds a rank waits for the others in an all-reduce before it stops (default\n"
+      "                         600; it must cover rank 0's validation and checkpoints)\n"
+      "  --check-every N        steps between checks that every rank holds the same parameters (default 100)\n");
 }
 
 long to_long(const std::string& flag, const std::string& v, long lo, long hi) {
@@ -153,6 +166,9 @@ Options parse(int argc, char** argv) {
     else if (a == "--log-every") o.log_every = (int)to_long(a, value(), 1, 1000000);
     else if (a == "--quiet") o.quiet = true;
     else if (a == "--tf32") o.tf32 = true;
+    else if (a == "--accumulate") o.accumulate = (int)to_long(a, value(), 1, 4096);
+    else if (a == "--collective-timeout") o.collective_timeout = to_double(a, value(), 0.1, 1e7);
+    else if (a == "--check-every") o.check_every = to_long(a, value(), 1, LONG_MAX);
     else fail("unknown option '" + a + "' (see --help)");
   }
   if (!o.device.empty() && o.device != "cpu" && o.device != "cuda") fail("--device must be cpu or cuda, got '" + o.device + "'");
@@ -561,7 +577,18 @@ int main(int argc, char** argv) {
   // Progress goes to stderr, everything else to stdout, line by line, so that a log captured with
   // `./train > log 2>&1` holds every line in the order it was printed.
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  Ranks ranks(&argc, &argv);  // one rank unless started by mpirun (parallel.h)
+  g_rank = ranks.rank;
   Options o = parse(argc, argv);
+  ranks.timeout_s = o.collective_timeout;
+  if (ranks.rank != 0) {  // rank 0 alone prints, validates and writes the run folder
+    o.quiet = true;
+    if (!std::freopen("/dev/null", "w", stdout)) fail("cannot open /dev/null");
+  }
+  // a step's batches, over every rank: each has its own dropout masks (dropout_site's 15 bits of micro)
+  const long step_batches = (long)ranks.size * o.accumulate;
+  if (step_batches > 32768) fail("--accumulate " + std::to_string(o.accumulate) + " times " + std::to_string(ranks.size) +
+                                 " ranks is more than 32768 batches a step");
   std::signal(SIGXFSZ, SIG_IGN);  // past a file-size limit (ulimit -f) a write fails with EFBIG instead of killing us
   if (o.device.empty()) o.device = gpu_available() && !gpu_emulated() ? "cuda" : "cpu";
   Corpus corpus = load_corpus(o);
@@ -576,7 +603,7 @@ int main(int argc, char** argv) {
 
   // the vocabulary: given, kept from the run being resumed, or learned on the training text (§5.1)
   const std::string vocab_path = o.out + "/vocab.bpe";
-  if (!o.bpe_only) {
+  if (!o.bpe_only && ranks.rank == 0) {
     for (size_t at = 0; at != std::string::npos;) {  // mkdir -p
       at = o.out.find('/', at + 1);
       mkdir(o.out.substr(0, at).c_str(), 0777);
@@ -603,8 +630,7 @@ int main(int argc, char** argv) {
       }
       return 0;
     }
-    if (o.vocab.empty() && !o.resume) tok.save(vocab_path);
-    else if (!o.vocab.empty()) tok.save(vocab_path);  // the run folder always holds its vocabulary
+    if (ranks.rank == 0 && (!o.resume || !o.vocab.empty())) tok.save(vocab_path);  // the run folder holds its vocabulary
   } catch (const std::exception& e) {
     fail(e.what());
   }
@@ -648,6 +674,7 @@ int main(int argc, char** argv) {
   if (o.tf32 && o.device != "cuda") fail("--tf32 is a GPU option: it needs --device cuda");
   if (o.device == "cuda") {
     try {
+      ranks.choose_gpu();
       transformer_to_device(m, Device::cuda);
       set_tf32(o.tf32);
     } catch (const std::runtime_error& e) {
@@ -657,6 +684,10 @@ int main(int argc, char** argv) {
   const std::vector<std::vector<int>> batches = length_batches(train, o.batch_tokens);
   std::printf("batches: %zu per epoch, about %d source and %d target tokens each [§5.1]; run folder %s\n", batches.size(),
               o.batch_tokens, o.batch_tokens, o.out.c_str());
+  if (step_batches > 1)
+    std::printf("steps: %ld batches each (%d rank%s x --accumulate %d), the loss normalised by all their target tokens; "
+                "the schedule counts steps [Eq. 3]%s\n", step_batches, ranks.size, ranks.size > 1 ? "s" : "", o.accumulate,
+                ranks.size == 1 ? "" : o.device == "cuda" && !gpu_emulated() ? "; gradients summed with NCCL" : "; gradients summed with MPI");
   if (st.batch >= (long)batches.size())
     fail("--resume: the checkpoint stopped after batch " + std::to_string(st.batch) + " of an epoch, but this run has " +
          std::to_string(batches.size()) + " batches per epoch: resume with the first run's --batch-tokens");
@@ -733,7 +764,8 @@ int main(int argc, char** argv) {
   auto elapsed = [&]() { return elapsed0 + std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   auto last_checkpoint = std::chrono::steady_clock::now();
   auto last_print = std::chrono::steady_clock::now() - std::chrono::hours(1);
-  const long total_steps = o.epochs * (long)batches.size();
+  const long steps_per_epoch = ((long)batches.size() + step_batches - 1) / step_batches;
+  const long total_steps = o.epochs * steps_per_epoch;
   const long step_limit = o.max_steps > 0 ? std::min(o.max_steps, total_steps) : total_steps;
   double window_tokens = 0, window_seconds = 0;
   std::string last_good;  // the newest complete checkpoint: on a resume, the one model.bin names
@@ -742,44 +774,67 @@ int main(int argc, char** argv) {
     const ssize_t n = readlink((o.out + "/model.bin").c_str(), target, sizeof target - 1);
     last_good = n > 0 ? o.out + "/" + std::string(target, n) : o.out + "/model.bin";
   }
-  auto validate = [&](LogRow& row) {
+  auto validate = [&](LogRow& row) {  // rank 0's; the others wait for it in the next all-reduce
     Evaluation e = evaluate(m, val, corpus.val, tok, o.batch_tokens, o.val_sentences, corpus.numbers);
     row.val_loss = e.loss, row.val_bleu = e.bleu, row.val_exact = e.exact;
     if (tty) std::fprintf(stderr, "\r\033[K");
     std::printf("validation at step %ld: loss %.4f, %s\n", m.step, e.loss, e.summary().c_str());
     std::fflush(stdout);
   };
+  // Every rank stops at the same step: rank 0's clock decides, and Ctrl-C on any rank stops them all.
   auto stop_reason = [&]() -> std::string {
-    if (interrupted) return "interrupted (Ctrl-C)";
-    if (m.step >= step_limit) return o.max_steps > 0 && o.max_steps <= total_steps ? "--max-steps reached" : "--epochs reached";
-    if (o.time_limit > 0 && elapsed() >= o.time_limit) return "--time-limit reached";
-    return "";
+    static const char* const kReasons[] = {"", "interrupted (Ctrl-C)", "--max-steps reached", "--epochs reached", "--time-limit reached"};
+    long code = interrupted ? 1 : 0;
+    if (m.step >= step_limit) code = o.max_steps > 0 && o.max_steps <= total_steps ? 2 : 3;
+    else if (o.time_limit > 0 && elapsed() >= o.time_limit && !code) code = 4;
+    if (ranks.size > 1) {  // rank 0's reason, or an interruption anywhere
+      const long shared = ranks.sum(ranks.rank == 0 ? code : (code == 1 ? 8 : 0), "the stop decision", m.step);
+      code = shared % 8 ? shared % 8 : shared ? 1 : 0;
+      interrupted = interrupted || code == 1;
+    }
+    return kReasons[code];
   };
+  auto check_same_parameters = [&]() {
+    if (ranks.size > 1 && !ranks.same(parameter_hash(m), "the parameter hash", m.step))
+      fail("the ranks hold different parameters at step " + std::to_string(m.step) + ": training stopped");
+  };
+  check_same_parameters();
 
   std::string reason = stop_reason();
   while (reason.empty()) {
     const std::vector<int> order = epoch_order(batches.size(), o.seed, st.epoch);
     for (; st.batch < (long)batches.size() && reason.empty(); ) {
       const auto t0 = std::chrono::steady_clock::now();
-      Batch b = to_batch(train, batches[order[st.batch]]);
-      zero_grad(m);
-      const double loss = transformer_forward(m, b, true);
+      // the step's batches: the next step_batches of the epoch's order; this rank takes every size-th
+      const long count = std::min(step_batches, (long)batches.size() - st.batch);
+      std::vector<Batch> mine;
+      std::vector<int> micro;
+      long tokens = 0;
+      for (long j = 0; j < count; ++j) {
+        const std::vector<int>& idx = batches[order[st.batch + j]];
+        for (int p : idx) tokens += (long)train[p].tgt.size() + 1;  // Batch::target_tokens, before the batch is made
+        if (j % ranks.size == ranks.rank) mine.push_back(to_batch(train, idx)), micro.push_back((int)j);
+      }
+      std::vector<const Batch*> mine_ptrs;
+      for (const Batch& b : mine) mine_ptrs.push_back(&b);
+      const double loss = ranks.sum(accumulate_gradients(m, mine_ptrs, micro, tokens), "the loss", m.step + 1) / tokens;
       if (!std::isfinite(loss)) {
         if (tty) std::fprintf(stderr, "\n");
         fail("the loss is " + (std::isnan(loss) ? std::string("NaN") : std::to_string(loss)) + " at step " + std::to_string(m.step + 1) + ": training stopped; the last good checkpoint (" +
              (last_good.empty() ? "none written in this run" : last_good) + ") is kept. Try a lower --lr-scale or a longer --warmup");
       }
-      transformer_backward(m, b, true);
+      ranks.sum_gradients(gradient_data(m), m.params.size(), (bool)m.device, m.step + 1);
       const double lr = transformer_update(m);
-      st.batch += 1;
-      st.tokens += b.target_tokens();
+      st.batch += count;
+      st.tokens += tokens;
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      window_tokens += b.target_tokens(), window_seconds += dt;
+      window_tokens += tokens, window_seconds += dt;
       LogRow row{m.step, st.epoch + (double)st.batch / batches.size(), loss, lr, window_tokens / window_seconds, NAN, NAN, NAN};
       const bool epoch_end = st.batch == (long)batches.size();
-      if (o.val_every > 0 ? m.step % o.val_every == 0 : epoch_end) validate(row);
+      if (ranks.rank == 0 && (o.val_every > 0 ? m.step % o.val_every == 0 : epoch_end)) validate(row);
       if (m.step % o.log_every == 0 || !std::isnan(row.val_loss)) rows.push_back(row);
       if (epoch_end) st.epoch += 1, st.batch = 0;
+      if (m.step % o.check_every == 0) check_same_parameters();
       reason = stop_reason();
       // progress: in place on a terminal, a plain line every 10 s otherwise
       const auto now = std::chrono::steady_clock::now();
@@ -792,7 +847,7 @@ int main(int argc, char** argv) {
         last_print = now;
         window_tokens = window_seconds = 0;
       }
-      if (std::chrono::duration<double>(now - last_checkpoint).count() > o.checkpoint_minutes * 60 && reason.empty()) {
+      if (ranks.rank == 0 && std::chrono::duration<double>(now - last_checkpoint).count() > o.checkpoint_minutes * 60 && reason.empty()) {
         st.elapsed = elapsed();
         last_good = save_checkpoint(o.out, m, tok.hash(), st, o.keep, last_good);
         write_log();
@@ -801,6 +856,8 @@ int main(int argc, char** argv) {
     }
   }
   if (tty) std::fprintf(stderr, "\n");
+  check_same_parameters();
+  if (ranks.rank != 0) return 0;
   st.elapsed = elapsed();
   std::printf("stopped: %s at step %ld (epoch %.2f) after %s\n", reason.c_str(), m.step, st.epoch + (double)st.batch / batches.size(),
               clock_text(st.elapsed).c_str());

@@ -162,10 +162,11 @@ DropoutKey dropout_key(uint64_t seed, long step, uint32_t site, double p) {
 }
 
 
-// Dropout sites: one id per (stack, layer, place), so no two masks in a step coincide.
+// Dropout sites: one id per (stack, layer, place, batch of the step), so no two masks in a step coincide.
+// The first batch of a step (micro 0) has the ids of a step of one batch.
 enum DropoutPlace : uint32_t { kEmbedding, kSelfOut, kSelfWeights, kCrossOut, kCrossWeights, kFfnOut, kFfnRelu };
-static uint32_t dropout_site(int stack, int layer, DropoutPlace place) {
-  return ((uint32_t)stack * 4096u + (uint32_t)layer) * 16u + place;
+static uint32_t dropout_site(int stack, int layer, DropoutPlace place, int micro) {
+  return ((uint32_t)micro << 17) + ((uint32_t)stack * 4096u + (uint32_t)layer) * 16u + place;
 }
 
 // ---- §3.5 positional encoding, Eq. 3 -------------------------------------------------------------
@@ -871,14 +872,15 @@ template <typename T> struct Pass {
   const uint8_t *src_valid, *tgt_valid;  // (B,S) (B,T): 1 for real tokens
   int B, S, Tl;  // batch, source length, target length
   uint64_t seed;
-  long step;  // dropout masks are keyed by (seed, step)
+  long step;  // dropout masks are keyed by (seed, step, micro)
+  int micro;  // which of the step's batches this is (gradient accumulation, data parallelism)
   bool train;
 };
 
 // The pass of a model on the CPU over a batch (after prepare_activations).
 template <typename T> static Pass<T> host_pass(Transformer<T>& m, const Batch& b, bool train) {
   return Pass<T>{m.cfg, m.W, m.G, m.acts, b.src.data(), b.tgt_in.data(), b.tgt_out.data(), m.acts.src_valid.data(),
-                 m.acts.tgt_valid.data(), b.B, b.S, b.T, m.seed, m.step, train};
+                 m.acts.tgt_valid.data(), b.B, b.S, b.T, m.seed, m.step, m.micro, train};
 }
 
 // [§3.1, §5.4] The residual connection around each sub-layer, with dropout on the sub-layer's output:
@@ -931,7 +933,7 @@ static void sublayer_connection_backward(T* dx, const NormWeights<T>& dln, const
 template <typename T> static DropoutKey drop_at(const Pass<T>& p, int stack, int layer, DropoutPlace place) {
   const Config& c = p.c;
   double prob = place == kSelfWeights || place == kCrossWeights ? c.p_attn : place == kFfnRelu ? c.p_relu : c.p_drop;
-  return dropout_key(p.seed, p.step, dropout_site(stack, layer, place), p.train ? prob : 0.0);
+  return dropout_key(p.seed, p.step, dropout_site(stack, layer, place, p.micro), p.train ? prob : 0.0);
 }
 
 // [§3.1] Encoder: N layers of (self-attention, FFN) over the embedded source.
@@ -1137,6 +1139,41 @@ template <typename T> void transformer_backward(Transformer<T>& m, const Batch& 
 template <typename T> void zero_grad(Transformer<T>& m) {
   if (m.device) return m.device->zero_grad();
   std::fill(m.grads.begin(), m.grads.end(), T(0));
+}
+
+template <typename T> void scale_gradients(Transformer<T>& m, double factor) {
+  if (m.device) return m.device->scale_grads(factor);
+  CpuOps::scale_grads(m.grads.data(), m.grads.size(), factor);
+}
+
+template <typename T> T* gradient_data(Transformer<T>& m) {
+  if constexpr (std::is_same_v<T, float>)
+    if (m.device) return m.device->grads_data();
+  return m.grads.data();
+}
+
+// The buffer holds, after batch i, the sum of n_j * g_j over j <= i divided by n_i (g_j: batch j's mean-loss
+// gradient, n_j its target tokens): before batch i adds g_i it is rescaled by n_{i-1} / n_i, and at the end
+// by n_last / tokens. A step of one batch over all the step's tokens is scaled by nothing: the same
+// numbers as a step without accumulation.
+template <typename T>
+double accumulate_gradients(Transformer<T>& m, const std::vector<const Batch*>& batches, const std::vector<int>& micro,
+                            long tokens) {
+  zero_grad(m);
+  double loss_sum = 0;
+  long last = 0;
+  for (size_t i = 0; i < batches.size(); ++i) {
+    const long n = batches[i]->target_tokens();
+    if (n == 0) continue;
+    m.micro = micro[i];
+    loss_sum += transformer_forward(m, *batches[i], true) * n;
+    if (last) scale_gradients(m, (double)last / n);
+    transformer_backward(m, *batches[i], true);
+    last = n;
+  }
+  m.micro = 0;
+  if (last && last != tokens) scale_gradients(m, (double)last / tokens);
+  return loss_sum;
 }
 
 template <typename T> double transformer_update(Transformer<T>& m) {
@@ -1703,6 +1740,7 @@ template <typename T> std::vector<const void*> instantiate_for() {
   return {
       (const void*)&parameter_layout<T>, (const void*)&transformer_init<T>, (const void*)&transformer_forward<T>,
       (const void*)&transformer_backward<T>, (const void*)&zero_grad<T>, (const void*)&transformer_update<T>,
+      (const void*)&accumulate_gradients<T>, (const void*)&gradient_data<T>, (const void*)&scale_gradients<T>,
       (const void*)&cpu::gemm<T>, (const void*)&cpu::embedding_forward<T>, (const void*)&cpu::embedding_backward<T>,
       (const void*)&cpu::dropout_forward<T>, (const void*)&cpu::dropout_backward<T>, (const void*)&cpu::linear_forward<T>,
       (const void*)&cpu::linear_backward<T>, (const void*)&cpu::attention_forward<T>, (const void*)&cpu::attention_backward<T>,
@@ -2370,6 +2408,8 @@ class GpuModel : public DeviceModel {
     backward_pass<GpuOps>(pass(train));
   }
   void zero_grad() override { gpu::fill(grads, 0, n); }
+  void scale_grads(double factor) override { GpuOps::scale_grads(grads, n, factor); }
+  float* grads_data() override { return grads; }
   void update(double lr) override { optimizer_step<GpuOps>(m.cfg, params, grads, adam_m, adam_v, n, lr, m.step); }
   void download() override {
     gpu::download(m.params.data(), params, n);
@@ -2434,7 +2474,7 @@ class GpuModel : public DeviceModel {
   }
   Pass<float> pass(bool train) {
     const size_t ns = (size_t)B * S, nt = (size_t)B * Tl;
-    return Pass<float>{m.cfg, W, G, acts, ids, ids + ns, ids + ns + nt, valid, valid + ns, B, S, Tl, m.seed, m.step, train};
+    return Pass<float>{m.cfg, W, G, acts, ids, ids + ns, ids + ns + nt, valid, valid + ns, B, S, Tl, m.seed, m.step, m.micro, train};
   }
   Transformer<float>& m;
   size_t n;
@@ -2474,6 +2514,11 @@ void set_tf32(bool) { throw std::runtime_error("--tf32: this build has no CUDA p
 
 void transformer_download(Transformer<float>& m) {
   if (m.device) m.device->download();
+}
+
+uint64_t parameter_hash(Transformer<float>& m) {
+  transformer_download(m);
+  return fnv1a64(0xCBF29CE484222325ull, m.params.data(), m.params.size() * sizeof(float));
 }
 
 void synchronize_device(Transformer<float>& m) {

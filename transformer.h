@@ -192,6 +192,8 @@ struct DeviceModel {
   virtual double forward(const Batch& batch, bool train) = 0;
   virtual void backward(const Batch& batch, bool train) = 0;
   virtual void zero_grad() = 0;
+  virtual void scale_grads(double factor) = 0;
+  virtual float* grads_data() = 0;
   virtual void update(double lr) = 0;  // clipping when configured, and Adam at the model's step
   virtual void download() = 0;         // parameters and Adam state into the host buffers
   virtual void synchronize() = 0;      // waits until the queued work is done
@@ -208,6 +210,7 @@ template <typename T> struct Transformer {
   std::vector<T> params, grads, adam_m, adam_v;  // one allocation each, laid out by parameter_layout
   Weights<T> W, G;                                // views into params and grads
   long step = 0;                                  // optimizer steps taken
+  int micro = 0;                                  // which batch of the step runs (accumulate_gradients)
   uint64_t seed = 0;                              // for dropout masks
   Activations<T> acts;
   std::unique_ptr<DeviceModel> device;            // null: the CPU (see transformer_to_device)
@@ -226,6 +229,17 @@ template <typename T> void transformer_backward(Transformer<T>& m, const Batch& 
 template <typename T> void zero_grad(Transformer<T>& m);
 // [Eq. 3, §5.3] one Adam step with the scheduled learning rate; returns the learning rate used.
 template <typename T> double transformer_update(Transformer<T>& m);
+// [§5.1] One step's gradient over several batches (gradient accumulation; under data parallelism, this
+// rank's share of the step): zeroes m.grads, then leaves there the gradient of the batches' summed loss
+// divided by `tokens` (the target tokens of the whole step, every rank's batches included), so that K
+// batches of n tokens give the gradient of one batch of K*n. micro[i] is batch i's index in the step (its
+// dropout masks). Returns the batches' summed loss (mean loss times target tokens).
+template <typename T>
+double accumulate_gradients(Transformer<T>& m, const std::vector<const Batch*>& batches, const std::vector<int>& micro,
+                            long tokens);
+// m.grads, where they live: the host buffer, or the device's while the model is on one (for an all-reduce)
+template <typename T> T* gradient_data(Transformer<T>& m);
+template <typename T> void scale_gradients(Transformer<T>& m, double factor);
 
 // [Eq. 3, §5.3] lrate = scale * D^-0.5 * min(step^-0.5, step * warmup^-1.5)
 double learning_rate(long step, int D, int warmup, double scale);
@@ -422,6 +436,8 @@ void transformer_to_device(Transformer<float>& m, Device d);
 // Copies the parameters and Adam state from the device into m's host buffers (before a checkpoint or
 // CPU decoding); nothing to do on the CPU.
 void transformer_download(Transformer<float>& m);
+// FNV-1a of the parameters' bytes, wherever they live (data parallelism: every rank must hold the same).
+uint64_t parameter_hash(Transformer<float>& m);
 // Waits until the model's device has done the work queued so far (for timing); nothing to do on the CPU.
 void synchronize_device(Transformer<float>& m);
 

@@ -21,6 +21,9 @@ add_test(checkpoint "${BIN}/checkpoint")
 add_test(train_cli bash "${ROOT}/test/train_cli.sh" "${ROOT}")
 add_test(translate_cli bash "${ROOT}/test/translate_cli.sh" "${ROOT}")
 add_test(crash_safety bash "${ROOT}/test/crash_safety.sh" "${ROOT}" 60)
+add_test(accumulate "${BIN}/accumulate")
+add_test(data_parallel bash "${ROOT}/test/data_parallel.sh" "${ROOT}")
+set_tests_properties(data_parallel PROPERTIES SKIP_RETURN_CODE 77)
 # The course grader on the solution: markers and sheets valid, every check passes, hidden example included
 # (course/ci.sh, run by .ci/run, checks handouts and planted wrong answers).
 add_test(course bash -c "cd ${ROOT} && python3 course/handout.py --check && python3 course/grade.py --expect-full --results build/grade/course/results.json && python3 course/grade.py --expect-full --hidden course/hidden-example --results build/grade/course/results-hidden.json")

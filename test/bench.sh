@@ -3,6 +3,7 @@
 #   1-2. one training step of the base and small models on a fixed batch (build/test/bench), dropout on
 #   3.   Multi30k En->De training, small config, real batches (./train): target tokens/s
 #   4.   translating test_2016_flickr, greedy and beam 4 (./translate --stats)
+#   5.   data parallelism on the CPU: 2 ranks under mpirun against 1 rank (scaling efficiency)
 # With a GPU (a CUDA build on a machine that has one) the rows run there at full size: 256 x 32 tokens a
 # side, fp32 and TF32, 3 epochs, all 1000 test sentences. Where python3 has torch with CUDA, the PyTorch
 # reference (torch_ref.py: .ref/ on the GPU machine, else ../shared/bench/) runs the same shapes in the
@@ -64,8 +65,29 @@ for config in base small; do
   done
 done
 
+# 5. data parallelism on this machine's CPU cores (test/data_parallel.sh checks it is right): target tokens/s
+#    of 2 ranks (mpirun, one thread each) against 1 rank on one thread (the scaling efficiency) and 1 rank on
+#    two (OpenMP's threads): the small model on the number corpus, 2048-token batches
+data_parallel_row() {
+  if ! ldd ./train | grep -q libmpi || ! command -v mpirun > /dev/null; then
+    row "5. data parallelism, 2 ranks" "skipped: ./train has no MPI, or mpirun is missing"
+    return
+  fi
+  local args=(--data numbers --config small --batch-tokens 2048 --max-steps 12 --val-sentences 0 --quiet --device cpu) r1 r2 t2
+  mean_tps() { awk -F, 'NR > 3 && $5 != "" { s += $5; n++ } END { if (n) printf "%.0f", s / n }' "$1/log.csv"; }
+  OMP_NUM_THREADS=1 ./train "${args[@]}" --out "$work/dp1" > /dev/null 2>&1
+  OMP_NUM_THREADS=2 ./train "${args[@]}" --out "$work/dpt" > /dev/null 2>&1
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 \
+    mpirun --oversubscribe -np 2 -x OMP_NUM_THREADS ./train "${args[@]}" --out "$work/dp2" > /dev/null 2>&1
+  r1=$(mean_tps "$work/dp1") t2=$(mean_tps "$work/dpt") r2=$(mean_tps "$work/dp2")
+  row "5. data parallelism, small model, numbers, 2048-token batches" \
+      "2 ranks $r2, 1 rank $r1 (2 threads: $t2) target tok/s" \
+      "scaling $(awk -v a="$r2" -v b="$r1" 'BEGIN { if (a > 0 && b > 0) printf "%.0f%%", 50 * a / b; else print "-" }')"
+}
+
 if [ ! -s data/multi30k/train.en ]; then
   row "3-4. Multi30k rows" "skipped: run \`make data\` first"
+  data_parallel_row
   exit 0
 fi
 
@@ -95,3 +117,4 @@ for mode in "--greedy" "--beam 4"; do
   row "4. translate $sentences test_2016_flickr sentences, ${mode#--}" "$s s, $tps target tok/s" "$vs"
 done
 echo "(row 4 decodes with the model of row 3, $what of training; PyTorch's greedy decoding has no K/V cache)"
+data_parallel_row
