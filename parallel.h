@@ -5,8 +5,8 @@
 // host memory, and MPI stands in for NCCL. Without MPI (the Makefile's probe) there is one rank.
 //
 // Every collective has a deadline (--collective-timeout): a rank that stops answering makes the others
-// stop with one line instead of hanging; a rank that dies makes mpirun end the others with SIGTERM, which
-// each reports in one line.
+// stop with one line instead of hanging; a rank that dies makes mpirun end the others with SIGTERM (as
+// Ctrl-C does), which each reports in one line.
 #pragma once
 #include <algorithm>
 #include <chrono>
@@ -179,8 +179,8 @@ class Ranks {
   static const char* terminate_line(int rank) {
     static char line[160];
     if (rank >= 0)
-      std::snprintf(line, sizeof line, "train: rank %d: stopped by the launcher (SIGTERM): another rank has ended; "
-                                       "the last checkpoint is kept\n", rank);
+      std::snprintf(line, sizeof line, "train: rank %d: ended by the launcher (SIGTERM: Ctrl-C, or another rank ended); "
+                                       "the checkpoints written before are kept\n", rank);
     return line;
   }
   static void on_terminate(int) {  // async-signal-safe: the line was formatted in advance

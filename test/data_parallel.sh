@@ -100,7 +100,7 @@ for how in KILL STOP; do
   wait "$launcher" 2>/dev/null
   rc=$?
   kill -KILL "$victim" 2>/dev/null
-  line=$([ "$how" = KILL ] && echo "^train: rank 0: stopped by the launcher (SIGTERM): another rank has ended" \
+  line=$([ "$how" = KILL ] && echo "^train: rank 0: ended by the launcher (SIGTERM: Ctrl-C, or another rank ended)" \
                             || echo "^train: rank 0: another rank did not join the all-reduce of .* within --collective-timeout 5 s")
   # (a stopped rank, ended by the launcher, may print its own line: the other's is counted)
   check "a rank that gets SIG$how: the other stops within 60 s, exit $rc, one line ($(grep '^train: rank 0' "$out.log" | tr '\n' ' '))" \
