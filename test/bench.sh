@@ -69,7 +69,7 @@ done
 #    of 2 ranks (mpirun, one thread each) against 1 rank on one thread (the scaling efficiency) and 1 rank on
 #    two (OpenMP's threads): the small model on the number corpus, 2048-token batches
 data_parallel_row() {
-  if ! ldd ./train | grep -q libmpi || ! command -v mpirun > /dev/null; then
+  if ! ldd ./train | grep libmpi > /dev/null || ! command -v mpirun > /dev/null; then
     row "5. data parallelism, 2 ranks" "skipped: ./train has no MPI, or mpirun is missing"
     return
   fi

@@ -17,7 +17,7 @@ work=$(mktemp -d)
 trap 'pkill -KILL -f -- "--out $work/" 2>/dev/null; rm -rf "$work"' EXIT
 cd "$work"
 
-if ! ldd "$train" | grep -q libmpi; then
+if ! ldd "$train" | grep libmpi > /dev/null; then
   expect_error "a build without MPI under a launcher of 2 processes" "this build has no MPI" \
     env OMPI_COMM_WORLD_SIZE=2 "$train" --data numbers --max-steps 1 --out "$work/nompi"
   cli_finish || exit 1
@@ -77,7 +77,7 @@ check "ranks with different parameters: an error naming the step (exit $rc)" \
 rank_pid() {  # out-folder rank: the pid of that rank's ./train, once it is training
   for _ in $(seq 1 600); do
     for pid in $(pgrep -f -- "--out $work/$1\$"); do
-      if tr '\0' '\n' < /proc/$pid/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2" && grep -q '^model: ' "$work/$1.log"; then
+      if tr '\0' '\n' < /proc/$pid/environ 2>/dev/null | grep -x "OMPI_COMM_WORLD_RANK=$2" > /dev/null && grep -q '^model: ' "$work/$1.log"; then
         echo "$pid"; return 0
       fi
     done
@@ -109,7 +109,7 @@ done
 
 # 5. the emulated GPU: the GPU path's gradients summed over MPI (a small corpus: every kernel runs on the CPU)
 emu=$root/build/emu/train
-if [ -x "$emu" ] && ldd "$emu" | grep -q libmpi; then
+if [ -x "$emu" ] && ldd "$emu" | grep libmpi > /dev/null; then
   mkdir -p tiny
   for split in train val test_2016_flickr; do
     n=$([ $split = train ] && echo 48 || echo 2)
