@@ -12,7 +12,8 @@
 //     cudaDeviceReset;
 //   - launches CUDA refuses: 1025 threads, a zero grid, dynamic shared memory over 48 KiB unless raised;
 //   - the host API: NaN-filled allocations, copies that leave an allocation, cudaFree of a foreign pointer;
-//   - cuBLAS: cublasSgemm and cublasSgemmStridedBatched against a column-major definition in double, every
+//   - cuBLAS: cublasSgemm and cublasSgemmStridedBatched against a column-major definition in double (and
+//     cublasSgemm against the row-major cpu::gemm<double> the CPU path uses, on the transposed problem), every
 //     transpose, leading dimensions larger than the matrix, alpha and beta (beta 0 ignores a NaN C), TF32
 //     rounding, and the argument checks cuBLAS documents.
 #include "../cuda_emulator.h"
@@ -382,6 +383,10 @@ int main() {
             std::vector<float> Ar = A, Br = B;
             if (tf) std::transform(A.begin(), A.end(), Ar.begin(), tf32), std::transform(B.begin(), B.end(), Br.begin(), tf32);
             const std::vector<double> want = gemm_definition(ta, tb, m, n, k, alpha, Ar, lda, Br, ldb, beta, C, ldc);
+            // and against the row-major CPU product the model uses: column-major C (m,n) is row-major C^T (n,m),
+            // C^T = op(B)^T op(A)^T, each operand's memory read row-major with its transpose as given
+            std::vector<double> Ad(Ar.begin(), Ar.end()), Bd(Br.begin(), Br.end()), P(C.size(), 0.0);
+            cpu::gemm<double>(tb, ta, n, m, k, Bd.data(), ldb, Ad.data(), lda, P.data(), ldc, false);
             const std::vector<float> got = download(dC, C.size());
             const std::string what = "cublasSgemm " + std::string(ta ? "T" : "N") + (tb ? "T" : "N") + (tf ? " TF32" : "") +
                                      " alpha " + std::to_string(alpha) + " beta " + std::to_string(beta);
@@ -389,7 +394,10 @@ int main() {
             for (int j = 0; j < n; ++j)
               for (int i = 0; i < ldc; ++i) {
                 const size_t at = (size_t)j * ldc + i;
-                if (i < m) ck.close(got[at], want[at], 1e-5, 1e-5, what.c_str());
+                if (i < m) {
+                  ck.close(got[at], want[at], 1e-5, 1e-5, what.c_str());
+                  ck.close(got[at], alpha * P[at] + (beta == 0 ? 0 : beta * (double)C[at]), 1e-5, 1e-5, (what + ", row-major cpu::gemm").c_str());
+                }
                 else ck.expect(std::isnan(got[at]) == std::isnan(C[at]) && (std::isnan(C[at]) || got[at] == C[at]),
                                "%s: the padding rows of C are left alone", what.c_str());
               }
