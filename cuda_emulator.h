@@ -639,16 +639,6 @@ template <typename T> T atomicAdd(T* address, T value) {
   *address = old + value;
   return old;
 }
-template <typename T> T atomicMax(T* address, T value) {
-  const T old = *address;
-  *address = old < value ? value : old;
-  return old;
-}
-template <typename T> T atomicCAS(T* address, T compare, T value) {
-  const T old = *address;
-  if (old == compare) *address = value;
-  return old;
-}
 
 // ---- the runtime API ------------------------------------------------------------------------------
 inline const char* cudaGetErrorName(cudaError_t e) {
