@@ -90,7 +90,7 @@ ifneq ($(MPI_LIBS),)
     $(info ✗ NCCL not used (no nvcc build): $(if $(filter emu,$(CONFIG)),MPI sums the emulated GPU's gradients,CPU gradients summed with MPI))
   else ifneq ($(NCCL_H),)
     TRAIN_FLAGS += -DTRANSFORMER_NCCL -I$(dir $(NCCL_H)) -I$(CUDA_HOME)/include
-    MPI_LIBS    += -lnccl
+    NCCL_LIBS   := -lnccl
     $(info ✓ NCCL ($(NCCL_H)): GPU ranks sum gradients with ncclAllReduce)
   else
     $(info ✗ NCCL not found (nccl.h): ./train under mpirun on GPUs says so and stops)
@@ -98,7 +98,7 @@ ifneq ($(MPI_LIBS),)
 else
   $(info ✗ MPI not found (libopenmpi-dev, openmpi-bin): ./train runs on one process, and says so under mpirun)
 endif
-CONFIG := $(CONFIG)$(if $(MPI_LIBS), mpi)
+CONFIG := $(CONFIG)$(if $(MPI_LIBS), mpi)$(if $(NCCL_LIBS), nccl)
 
 # The emulated GPU's tests: the GPU section compiled by g++ against cuda_emulator.h, with the sanitizers.
 EMU_BUILD    := $(BUILD)/emu
@@ -148,6 +148,7 @@ $(EMU_BUILD)/test/%: $(EMU_BUILD)/test/%.o $(EMU_OBJS)
 
 # ./train on the emulated GPU: test/data_parallel.sh runs its GPU path (gradients in "device" buffers) over MPI
 $(EMU_BUILD)/train.o: EMU_CXXFLAGS += $(TRAIN_FLAGS)
+$(EMU_BUILD)/train.o: $(BUILD)/config.stamp  # MPI found or lost: build again
 $(EMU_BUILD)/train: $(EMU_BUILD)/train.o $(EMU_OBJS)
 	$(CXX) $(EMU_CXXFLAGS) $^ -o $@ $(EMU_LDLIBS) $(MPI_LIBS)
 
@@ -159,7 +160,7 @@ $(PROGRAMS): %: $(BUILD)/%.o $(LIB_OBJS)
 	$(CXX) $^ -o $@ $(LDLIBS)
 
 $(BUILD)/train.o: CXXFLAGS += $(TRAIN_FLAGS)
-train: LDLIBS += $(MPI_LIBS)
+train: LDLIBS += $(MPI_LIBS) $(NCCL_LIBS)
 
 $(BUILD)/test/%: $(BUILD)/test/%.o $(LIB_OBJS)
 	$(CXX) $^ -o $@ $(LDLIBS)

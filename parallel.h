@@ -27,6 +27,15 @@
 #include <nccl.h>
 #endif
 
+// The one line of a rank that cannot go on, and its exit: rank 0's as `train: ...`, another's as
+// `train: rank R: ...` (an error may be one rank's alone: a GPU, a file on its machine).
+[[noreturn]] inline void fail_on_rank(int rank, const std::string& msg) {
+  if (rank == 0) std::fprintf(stderr, "train: %s\n", msg.c_str());
+  else std::fprintf(stderr, "train: rank %d: %s\n", rank, msg.c_str());
+  std::fflush(nullptr);
+  std::exit(1);
+}
+
 // The number of processes the launcher started, from its environment (OpenMPI, MPICH, PMIx), before
 // MPI is initialised: how a build without MPI knows it was started by mpirun.
 inline int launcher_size() {
@@ -78,11 +87,11 @@ class Ranks {
     int local = 0, gpus = 0;
     MPI_Comm_rank(node, &local);
     MPI_Comm_free(&node);
-    if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0) fail_all("no GPU for rank " + std::to_string(rank));
-    if (local >= gpus)
-      fail_all("rank " + std::to_string(rank) + " is rank " + std::to_string(local) + " of its node, which has " +
-               std::to_string(gpus) + " GPUs: start at most one rank per GPU");
-    cudaSetDevice(local);
+    if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0) fail_on_rank(rank, "no GPU is visible to this rank");
+    if (gpus > 1 && local >= gpus)  // (one visible GPU: the launcher gave each rank its own)
+      fail_on_rank(rank, "this rank is rank " + std::to_string(local) + " of its node, which has " + std::to_string(gpus) +
+                             " GPUs: start at most one rank per GPU");
+    cudaSetDevice(gpus == 1 ? 0 : local);
 #endif
   }
 
@@ -90,7 +99,10 @@ class Ranks {
   long sum(long x, const char* what, long step) { return reduce(x, kSum, what, step); }
   double sum(double x, const char* what, long step) { return reduce(x, kSum, what, step); }
   // Whether every rank holds the same x (its smallest and largest value across ranks are equal).
-  bool same(uint64_t x, const char* what, long step) { return reduce(x, kMin, what, step) == reduce(x, kMax, what, step); }
+  bool same(uint64_t x, const char* what, long step) {
+    const uint64_t least = reduce(x, kMin, what, step);
+    return least == reduce(x, kMax, what, step);
+  }
 
   // The gradients summed across ranks, in place; `on_device`: data is a GPU buffer.
   void sum_gradients(float* data, size_t n, bool on_device, long step) {
@@ -99,13 +111,15 @@ class Ranks {
     if (on_device) {
       if (!nccl) {
         ncclUniqueId id;
-        if (rank == 0) ncclGetUniqueId(&id);
+        if (rank == 0 && ncclGetUniqueId(&id) != ncclSuccess) fail_on_rank(rank, "NCCL could not make its unique id");
         MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
-        if (ncclCommInitRank(&nccl, size, id, rank) != ncclSuccess) fail_all("NCCL could not connect the ranks");
+        if (ncclCommInitRank(&nccl, size, id, rank) != ncclSuccess) fail_on_rank(rank, "NCCL could not connect the ranks");
       }
-      if (ncclAllReduce(data, data, n, ncclFloat, ncclSum, nccl, 0) != ncclSuccess) fail_all("ncclAllReduce failed");
+      // on the stream the model computes on (the default one): after the backward pass, before Adam
+      if (ncclAllReduce(data, data, n, ncclFloat, ncclSum, nccl, 0) != ncclSuccess) fail_on_rank(rank, "ncclAllReduce failed");
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-      while (cudaStreamQuery(0) == cudaErrorNotReady) {
+      for (cudaError_t e; (e = cudaStreamQuery(0)) != cudaSuccess;) {
+        if (e != cudaErrorNotReady) fail_on_rank(rank, std::string("the GPU failed before the gradient all-reduce ended: ") + cudaGetErrorString(e));
         ncclResult_t async = ncclSuccess;
         ncclCommGetAsyncError(nccl, &async);
         if (async != ncclSuccess || std::chrono::steady_clock::now() > deadline) {
@@ -118,20 +132,13 @@ class Ranks {
       return;
     }
 #elif defined(TRANSFORMER_CUDA) && !defined(TRANSFORMER_EMULATED_GPU)
-    if (on_device) fail_all("this build has no NCCL (nccl.h was not found when it was built): data parallelism on GPUs needs it");
+    if (on_device) fail_on_rank(rank, "this build has no NCCL (nccl.h was not found when it was built): data parallelism on GPUs needs it");
 #endif
 #ifdef TRANSFORMER_MPI
     wait(MPI_IN_PLACE, data, (int)n, MPI_FLOAT, MPI_SUM, "the gradients", step);
 #else
     (void)data, (void)n, (void)on_device, (void)step;
 #endif
-  }
-
-  // An error every rank hits: rank 0 prints it, every rank exits.
-  [[noreturn]] void fail_all(const std::string& msg) {
-    if (rank == 0) std::fprintf(stderr, "train: %s\n", msg.c_str());
-    std::fflush(nullptr);
-    std::_Exit(1);
   }
 
  private:

@@ -55,11 +55,7 @@ struct Options {
 
 int g_rank = 0;  // this process's rank (data parallelism): rank 0 alone prints
 
-// Errors every rank meets alike (options, data, a NaN loss): rank 0 says it.
-[[noreturn]] void fail(const std::string& msg) {
-  if (g_rank == 0) std::fprintf(stderr, "train: %s\n", msg.c_str());
-  std::exit(1);
-}
+[[noreturn]] void fail(const std::string& msg) { fail_on_rank(g_rank, msg); }
 
 void usage() {
   std::printf(
@@ -785,8 +781,9 @@ int main(int argc, char** argv) {
   auto stop_reason = [&]() -> std::string {
     static const char* const kReasons[] = {"", "interrupted (Ctrl-C)", "--max-steps reached", "--epochs reached", "--time-limit reached"};
     long code = interrupted ? 1 : 0;
-    if (m.step >= step_limit) code = o.max_steps > 0 && o.max_steps <= total_steps ? 2 : 3;
-    else if (o.time_limit > 0 && elapsed() >= o.time_limit && !code) code = 4;
+    if (!code && o.max_steps > 0 && m.step >= o.max_steps) code = 2;
+    else if (!code && st.epoch >= o.epochs) code = 3;  // (not in steps: a resume may take another number a step)
+    else if (!code && o.time_limit > 0 && elapsed() >= o.time_limit) code = 4;
     if (ranks.size > 1) {  // rank 0's reason, or an interruption anywhere
       const long shared = ranks.sum(ranks.rank == 0 ? code : (code == 1 ? 8 : 0), "the stop decision", m.step);
       code = shared % 8 ? shared % 8 : shared ? 1 : 0;
@@ -817,7 +814,7 @@ int main(int argc, char** argv) {
       }
       std::vector<const Batch*> mine_ptrs;
       for (const Batch& b : mine) mine_ptrs.push_back(&b);
-      const double loss = ranks.sum(accumulate_gradients(m, mine_ptrs, micro, tokens), "the loss", m.step + 1) / tokens;
+      const double loss = ranks.sum(accumulate_gradients(m, mine_ptrs, micro, tokens), "the loss", m.step + 1);
       if (!std::isfinite(loss)) {
         if (tty) std::fprintf(stderr, "\n");
         fail("the loss is " + (std::isnan(loss) ? std::string("NaN") : std::to_string(loss)) + " at step " + std::to_string(m.step + 1) + ": training stopped; the last good checkpoint (" +

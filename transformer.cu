@@ -666,10 +666,17 @@ void adam_update(T* params, const T* grads, T* m, T* v, size_t n, double lr, dou
 }
 
 template <typename T> double grad_norm(const T* grads, size_t n) {
-  double s = 0;
-#pragma omp parallel for reduction(+ : s) if (n > 100000)
-  for (size_t i = 0; i < n; ++i) s += (double)grads[i] * grads[i];
-  return std::sqrt(s);
+  // blocks of a fixed size, added in a fixed order: the same bits whatever the number of threads (a
+  // reduction clause adds the threads' sums in the order they finish), so ranks clip alike
+  const size_t block = 65536, blocks = (n + block - 1) / block;
+  std::vector<double> part(blocks);
+#pragma omp parallel for if (n > 100000)
+  for (size_t b = 0; b < blocks; ++b) {
+    double s = 0;
+    for (size_t i = b * block; i < std::min(n, (b + 1) * block); ++i) s += (double)grads[i] * grads[i];
+    part[b] = s;
+  }
+  return std::sqrt(std::accumulate(part.begin(), part.end(), 0.0));
 }
 
 template <typename T> void scale_grads(T* grads, size_t n, double factor) {
@@ -1160,20 +1167,20 @@ template <typename T>
 double accumulate_gradients(Transformer<T>& m, const std::vector<const Batch*>& batches, const std::vector<int>& micro,
                             long tokens) {
   zero_grad(m);
-  double loss_sum = 0;
+  double loss = 0;
   long last = 0;
   for (size_t i = 0; i < batches.size(); ++i) {
     const long n = batches[i]->target_tokens();
     if (n == 0) continue;
     m.micro = micro[i];
-    loss_sum += transformer_forward(m, *batches[i], true) * n;
+    loss += transformer_forward(m, *batches[i], true) * ((double)n / tokens);  // n / tokens is 1 exactly for one batch
     if (last) scale_gradients(m, (double)last / n);
     transformer_backward(m, *batches[i], true);
     last = n;
   }
   m.micro = 0;
   if (last && last != tokens) scale_gradients(m, (double)last / tokens);
-  return loss_sum;
+  return loss;
 }
 
 template <typename T> double transformer_update(Transformer<T>& m) {

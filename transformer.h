@@ -233,7 +233,8 @@ template <typename T> double transformer_update(Transformer<T>& m);
 // rank's share of the step): zeroes m.grads, then leaves there the gradient of the batches' summed loss
 // divided by `tokens` (the target tokens of the whole step, every rank's batches included), so that K
 // batches of n tokens give the gradient of one batch of K*n. micro[i] is batch i's index in the step (its
-// dropout masks). Returns the batches' summed loss (mean loss times target tokens).
+// dropout masks). Returns the batches' share of the step's loss: their summed loss over `tokens` (a step of
+// one batch: its mean loss, to the bit).
 template <typename T>
 double accumulate_gradients(Transformer<T>& m, const std::vector<const Batch*>& batches, const std::vector<int>& micro,
                             long tokens);
