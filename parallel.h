@@ -1,7 +1,7 @@
 // Data parallelism for ./train [§5.2: the paper trains on 8 GPUs]: `mpirun -np N ./train ...` runs N ranks;
-// each computes the gradient of its share of every step's batches, and the gradients (and the token
-// counts that normalise them) are summed across ranks: MPI_Allreduce on host buffers, ncclAllReduce on
-// GPU buffers (one rank per GPU, NCCL's id shared over MPI). On the emulated GPU the "device" buffers are
+// each computes the gradient of its share of every step's batches, already divided by the step's target
+// tokens (which every rank counts from the data), and the gradients are summed across ranks: MPI_Allreduce
+// on host buffers, ncclAllReduce on GPU buffers (one rank per GPU, NCCL's id shared over MPI). On the emulated GPU the "device" buffers are
 // host memory, and MPI stands in for NCCL. Without MPI (the Makefile's probe) there is one rank.
 //
 // Every collective has a deadline (--collective-timeout): a rank that stops answering makes the others
@@ -14,7 +14,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <unistd.h>
