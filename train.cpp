@@ -43,7 +43,8 @@ struct Options {
   std::string device;  // "": cuda when a GPU is present, else cpu
   uint64_t seed = 1;
   bool resume = false, bpe_only = false, quiet = false, tf32 = false;
-  double checkpoint_minutes = 10;
+  double checkpoint_minutes = 10;  // 0: one checkpoint at the end of every epoch (--checkpoint-every epoch)
+  int patience = 0;                // validations without a better validation loss before stopping; 0: never
   int keep = 5, average = 0;
   long val_every = -1;       // steps; -1: once per epoch
   int val_sentences = -1;    // -1: all (number corpus), 500 (Multi30k)
@@ -88,7 +89,9 @@ void usage() {
       "  --out DIR              run folder: vocab.bpe, ckpt-*.bin, model.bin, log.csv, curves.svg\n"
       "                         (default runs/multi30k-SRC-TGT or runs/numbers)\n"
       "  --resume               continue from DIR/model.bin (same options as the first run)\n"
-      "  --checkpoint-every M   minutes between checkpoints (default 10; one is also written at the end)\n"
+      "  --checkpoint-every M|epoch  minutes between checkpoints, or one at the end of every epoch (default\n"
+      "                         10 minutes; one is also written at the end)\n"
+      "  --patience N           stop when N validations in a row bring no lower validation loss (default off)\n"
       "  --keep K               checkpoints kept (default 5)\n"
       "  --average N            [§6] at the end, write DIR/averaged.bin, the mean of the last N checkpoints\n"
       "  --val-every N          steps between validations (default: once per epoch)\n"
@@ -154,7 +157,10 @@ Options parse(int argc, char** argv) {
     else if (a == "--seed") o.seed = (uint64_t)to_long(a, value(), 0, LONG_MAX);
     else if (a == "--out") o.out = value();
     else if (a == "--resume") o.resume = true;
-    else if (a == "--checkpoint-every") o.checkpoint_minutes = to_double(a, value(), 0.001, 1e6);
+    else if (a == "--checkpoint-every") {
+      const std::string v = value();
+      o.checkpoint_minutes = v == "epoch" ? 0 : to_double(a, v, 0.001, 1e6);
+    } else if (a == "--patience") o.patience = (int)to_long(a, value(), 1, 1000000);
     else if (a == "--keep") o.keep = (int)to_long(a, value(), 1, 1000);
     else if (a == "--average") o.average = (int)to_long(a, value(), 1, 1000);
     else if (a == "--val-every") o.val_every = to_long(a, value(), 1, LONG_MAX);
@@ -770,25 +776,39 @@ int main(int argc, char** argv) {
     const ssize_t n = readlink((o.out + "/model.bin").c_str(), target, sizeof target - 1);
     last_good = n > 0 ? o.out + "/" + std::string(target, n) : o.out + "/model.bin";
   }
+  // --patience: the best validation loss so far, and the validations since (rebuilt from log.csv on a resume)
+  double best_val = INFINITY;
+  long best_step = 0, stale = 0;
+  auto note_validation = [&](long step, double loss) {
+    if (loss < best_val) best_val = loss, best_step = step, stale = 0;
+    else stale += 1;
+  };
+  for (const LogRow& r : rows)
+    if (!std::isnan(r.val_loss)) note_validation(r.step, r.val_loss);
   auto validate = [&](LogRow& row) {  // rank 0's; the others wait for it in the next all-reduce
     Evaluation e = evaluate(m, val, corpus.val, tok, o.batch_tokens, o.val_sentences, corpus.numbers);
     row.val_loss = e.loss, row.val_bleu = e.bleu, row.val_exact = e.exact;
+    note_validation(m.step, e.loss);
     if (tty) std::fprintf(stderr, "\r\033[K");
     std::printf("validation at step %ld: loss %.4f, %s\n", m.step, e.loss, e.summary().c_str());
     std::fflush(stdout);
   };
   // Every rank stops at the same step: rank 0's clock decides, and Ctrl-C on any rank stops them all.
   auto stop_reason = [&]() -> std::string {
-    static const char* const kReasons[] = {"", "interrupted (Ctrl-C)", "--max-steps reached", "--epochs reached", "--time-limit reached"};
+    static const char* const kReasons[] = {"", "interrupted (Ctrl-C)", "--max-steps reached", "--epochs reached", "--time-limit reached", ""};
     long code = interrupted ? 1 : 0;
     if (!code && o.max_steps > 0 && m.step >= o.max_steps) code = 2;
     else if (!code && st.epoch >= o.epochs) code = 3;  // (not in steps: a resume may take another number a step)
     else if (!code && o.time_limit > 0 && elapsed() >= o.time_limit) code = 4;
+    else if (!code && o.patience > 0 && stale >= o.patience) code = 5;  // (rank 0's validations)
     if (ranks.size > 1) {  // rank 0's reason, or an interruption anywhere
       const long shared = ranks.sum(ranks.rank == 0 ? code : (code == 1 ? 8 : 0), "the stop decision", m.step);
       code = shared % 8 ? shared % 8 : shared ? 1 : 0;
       interrupted = interrupted || code == 1;
     }
+    if (code == 5)
+      return "--patience " + std::to_string(o.patience) + " reached (the best validation loss, " + fmt(best_val, "%.4f") +
+             " at step " + std::to_string(best_step) + ", not bettered in " + std::to_string(stale) + " validations)";
     return kReasons[code];
   };
   auto check_same_parameters = [&]() {
@@ -844,7 +864,9 @@ int main(int argc, char** argv) {
         last_print = now;
         window_tokens = window_seconds = 0;
       }
-      if (ranks.rank == 0 && std::chrono::duration<double>(now - last_checkpoint).count() > o.checkpoint_minutes * 60 && reason.empty()) {
+      const bool checkpoint_due = o.checkpoint_minutes > 0 ? std::chrono::duration<double>(now - last_checkpoint).count() > o.checkpoint_minutes * 60
+                                                           : epoch_end;
+      if (ranks.rank == 0 && checkpoint_due && reason.empty()) {
         st.elapsed = elapsed();
         last_good = save_checkpoint(o.out, m, tok.hash(), st, o.keep, last_good);
         write_log();

@@ -1,4 +1,4 @@
-# Sourced by the end-to-end tests (train_cli.sh, translate_cli.sh): counts checks and failures.
+# Sourced by the end-to-end tests (train_cli.sh, translate_cli.sh, data_parallel.sh): counts checks and failures.
 # Set NAME before sourcing; finish with `cli_finish`.
 fails=0 checks=0
 # check DESCRIPTION COMMAND...: the command must succeed
@@ -32,6 +32,17 @@ on_cuda_or_error() {
     fails=$((fails + 1))
   fi
   return 1
+}
+# tiny_corpus DIR PAIRS: a Multi30k-shaped folder (train, val and test_2016_flickr, .en and .de) of 3-word
+# sentences, PAIRS training pairs and 2 of each other split: epochs of a few tiny batches
+tiny_corpus() {
+  mkdir -p "$1"
+  local split n
+  for split in train val test_2016_flickr; do
+    n=$([ $split = train ] && echo "$2" || echo 2)
+    awk -v n="$n" 'BEGIN { split("red blue green small big old young", w, " "); for (i = 0; i < n; i++) print w[i % 7 + 1], w[(i * 3) % 7 + 1], w[(i * 5) % 7 + 1] }' > "$1/$split.en"
+    awk -v n="$n" 'BEGIN { split("rot blau gruen klein gross alt jung", w, " "); for (i = 0; i < n; i++) print w[(i * 5) % 7 + 1], w[(i * 3) % 7 + 1], w[i % 7 + 1] }' > "$1/$split.de"
+  done
 }
 cli_finish() {
   echo "$NAME: $checks checks, $fails failed"

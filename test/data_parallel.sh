@@ -115,12 +115,7 @@ done
 #    9 batches an epoch: the 5th step has one batch, so rank 1 has none and adds zeros; the 6th is in epoch 2
 emu=$root/build/emu/train
 if [ -x "$emu" ] && ldd "$emu" | grep libmpi > /dev/null; then
-  mkdir -p tiny
-  for split in train val test_2016_flickr; do
-    n=$([ $split = train ] && echo 42 || echo 2)
-    awk -v n=$n 'BEGIN { split("red blue green small big old young", w, " "); for (i = 0; i < n; i++) print w[i % 7 + 1], w[(i * 3) % 7 + 1], w[(i * 5) % 7 + 1] }' > tiny/$split.en
-    awk -v n=$n 'BEGIN { split("rot blau gruen klein gross alt jung", w, " "); for (i = 0; i < n; i++) print w[(i * 5) % 7 + 1], w[(i * 3) % 7 + 1], w[i % 7 + 1] }' > tiny/$split.de
-  done
+  tiny_corpus tiny 42
   small=(--data tiny --merges 10 --batch-tokens 64 --max-steps 6 --warmup 1000 --val-sentences 1 --quiet --device cuda)
   "${mpi[@]}" "$emu" "${small[@]}" --out "$work/g2" > g2.log 2>&1
   check "emulated GPU, 2 ranks train 6 steps over 9 batches an epoch ($(tail -1 g2.log))" \

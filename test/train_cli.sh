@@ -7,7 +7,9 @@
 #   5. a NaN loss stops training and keeps the last good checkpoint;
 #   6. what ./train prints comes in order in a log captured with `> log 2>&1`; curves.svg draws what
 #      log.csv measured and nothing else, laid out inside its canvas (test/svg_check.py), and is replaced
-#      atomically (a new file renamed over the old: its inode changes, no temporary file is left).
+#      atomically (a new file renamed over the old: its inode changes, no temporary file is left);
+#   7. --checkpoint-every epoch writes one checkpoint an epoch; --patience stops on a validation loss
+#      that no longer falls, and counts on across a resume.
 # Usage: train_cli.sh ROOT
 set -u
 root="$(cd "$1" && pwd)"
@@ -118,5 +120,22 @@ check "the resumed curves: laid out, the validation at step 80 drawn" \
 "$train" "${common[@]}" --max-steps 5 --out novalidation > /dev/null 2>&1
 check "curves.svg of a run whose only validation is the final one" \
   python3 "$root/test/svg_check.py" curves novalidation/curves.svg novalidation/log.csv
+
+# 7. --checkpoint-every epoch and --patience, on a tiny corpus of 9 batches an epoch. A learning rate too
+#    small to move a float parameter leaves the validation loss where it is: 2 validations without a lower
+#    one stop the run at the end of epoch 3; a resume with --patience 3 counts the log's validations and
+#    stops one epoch later.
+tiny_corpus tiny 42
+tiny=(--data tiny --merges 10 --batch-tokens 64 --epochs 20 --checkpoint-every epoch --lr-scale 1e-9 --keep 10 --quiet)
+"$train" "${tiny[@]}" --patience 2 --out patient > patient.log 2>&1
+check "--patience 2 stops after 2 validations without a lower loss ($(grep '^stopped' patient.log))" \
+  grep -q "^stopped: --patience 2 reached (the best validation loss, .* at step 9, not bettered in 2 validations) at step 27 (epoch 3.00)" patient.log
+check "--checkpoint-every epoch: one checkpoint at each epoch's end ($(ls patient | grep ckpt | tr '\n' ' '))" \
+  test "$(ls patient | grep ckpt | tr '\n' ' ')" = "ckpt-0000000009.bin ckpt-0000000018.bin ckpt-0000000027.bin "
+"$train" "${tiny[@]}" --patience 3 --out patient --resume > patient2.log 2>&1
+check "a resume keeps counting validations ($(grep '^stopped' patient2.log))" \
+  grep -q "^stopped: --patience 3 reached (.* at step 9, not bettered in 3 validations) at step 36" patient2.log
+expect_error "--patience 0" "--patience needs an integer" "$train" --patience 0
+expect_error "--checkpoint-every neither minutes nor epoch" "--checkpoint-every needs a number" "$train" --checkpoint-every often
 
 cli_finish
