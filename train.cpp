@@ -37,19 +37,20 @@ struct Options {
   std::string data, src = "en", tgt = "de", config, out, vocab;
   std::map<std::string, std::string> overrides;  // --layers 4 etc., applied over the preset
   int merges = -1;           // -1: 8000 on Multi30k, 60 on the number corpus
-  int batch_tokens = -1;     // -1: 4096 (small and up), 1024 (tiny)
+  // -1 below: the default, which may depend on the corpus and the preset (apply_defaults)
+  int batch_tokens = -1;     // 4096 (small and up), 8192 (multi30k), 1024 (tiny)
   long epochs = -1, max_steps = -1;
   double time_limit = -1;    // seconds; -1: none (Multi30k), 175 (number corpus)
   std::string device;  // "": cuda when a GPU is present, else cpu
   uint64_t seed = 1;
   bool resume = false, bpe_only = false, quiet = false, tf32 = false;
-  double checkpoint_minutes = 10;  // 0: one checkpoint at the end of every epoch (--checkpoint-every epoch)
-  int patience = 0;                // validations without a better validation loss before stopping; 0: never
-  int keep = 5, average = 0;
+  double checkpoint_minutes = -1;  // 10; 0: one checkpoint at the end of every epoch (--checkpoint-every epoch)
+  int patience = -1;               // validations without a better validation loss before stopping; 0: never
+  int keep = -1, average = -1;     // 5 and 0 (none)
   long val_every = -1;       // steps; -1: once per epoch
   int val_sentences = -1;    // -1: all (number corpus), 500 (Multi30k)
   int log_every = 1;
-  int accumulate = 1;               // batches per rank whose gradients one optimizer step sums
+  int accumulate = -1;              // batches per rank whose gradients one optimizer step sums: 1 (4 in multi30k)
   double collective_timeout = 600;  // seconds a rank waits for the others in an all-reduce
   long check_every = 100;           // steps between checks that every rank holds the same parameters
 };
@@ -70,7 +71,9 @@ void usage() {
       "  --merges N             BPE merges to learn (default 8000 on Multi30k, 60 on numbers)\n"
       "  --bpe-only             learn (or load) the vocabulary, then print how each stdin line splits\n"
       "model (--config, then overrides)\n"
-      "  --config NAME          tiny | small | base | big (default small on Multi30k, tiny on numbers)\n"
+      "  --config NAME          tiny | small | multi30k | base | big (default small on Multi30k, tiny on numbers);\n"
+      "                         multi30k is a whole recipe: 4+4 layers, d_model 128, 8192-token batches, at most\n"
+      "                         8000 steps, a checkpoint each epoch, --patience 10, --average 10\n"
       "  --layers N --d-model D --d-ff F --heads H --max-len L\n"
       "  --dropout P            residual and embedding dropout [§5.4]\n"
       "  --label-smoothing E    [§5.4] (default 0.1)\n"
@@ -174,14 +177,46 @@ Options parse(int argc, char** argv) {
     else fail("unknown option '" + a + "' (see --help)");
   }
   if (!o.device.empty() && o.device != "cpu" && o.device != "cuda") fail("--device must be cpu or cuda, got '" + o.device + "'");
-  if (o.average > o.keep) fail("--average " + std::to_string(o.average) + " needs --keep of at least as many checkpoints");
   return o;
+}
+
+std::string preset_name(const Options& o, bool numbers) { return !o.config.empty() ? o.config : numbers ? "tiny" : "small"; }
+
+// [§6] The multi30k recipe's decoding: the beam size and length penalty ./translate --tune chose on the
+// validation set (NOTES.md, "The Multi30k recipe").
+DecodeOptions recipe_decoding() {
+  DecodeOptions d;
+  d.beam = 5, d.alpha = 1.0;
+  return d;
+}
+
+// The defaults the command line left open. The multi30k preset is a whole recipe (Wu et al. 2021's
+// Transformer-tiny on Multi30k): besides its model it trains on about 8,000 tokens a step for at most 8,000
+// steps, checkpoints every epoch, stops after 10 epochs without a lower validation loss, and averages the
+// last 10 epoch checkpoints [§6].
+void apply_defaults(Options& o, const Config& cfg, bool numbers) {
+  const bool recipe = preset_name(o, numbers) == "multi30k";
+  auto open = [&](auto& v, auto plain, auto in_recipe) {
+    if (v < 0) v = recipe ? in_recipe : plain;
+  };
+  // [DEVIATION] §5.1's batches hold about 25,000 source and 25,000 target tokens; Multi30k is small
+  open(o.batch_tokens, cfg.D <= 64 ? 1024 : 4096, 2048);  // in the recipe 4 batches a step (faster than one of 8192)
+  open(o.accumulate, 1, 4);
+  if (o.time_limit < 0 && numbers && o.epochs < 0 && o.max_steps < 0) o.time_limit = 175;
+  open(o.epochs, numbers ? 1000000L : 40L, 1000000L);
+  open(o.max_steps, -1L, 8000L);
+  open(o.checkpoint_minutes, 10.0, 0.0);
+  open(o.patience, 0, 10);
+  open(o.keep, std::max(5, o.average), std::max(10, o.average));
+  open(o.average, 0, std::min(10, o.keep));
+  if (o.val_sentences < 0) o.val_sentences = 500;
+  if (o.average > o.keep) fail("--average " + std::to_string(o.average) + " needs --keep of at least as many checkpoints");
 }
 
 Config build_config(const Options& o, bool numbers) {
   Config c;
   try {
-    c = config_preset(o.config.empty() ? (numbers ? "tiny" : "small") : o.config);
+    c = config_preset(preset_name(o, numbers));
   } catch (const std::invalid_argument& e) {
     fail(std::string("--config: ") + e.what());
   }
@@ -587,21 +622,17 @@ int main(int argc, char** argv) {
     o.quiet = true;
     if (!std::freopen("/dev/null", "w", stdout)) fail("cannot open /dev/null");
   }
-  // a step's batches, over every rank: each has its own dropout masks (dropout_site's 15 bits of micro)
-  const long step_batches = (long)ranks.size * o.accumulate;
-  if (step_batches > 32768) fail("--accumulate " + std::to_string(o.accumulate) + " times " + std::to_string(ranks.size) +
-                                 " ranks is more than 32768 batches a step");
   std::signal(SIGXFSZ, SIG_IGN);  // past a file-size limit (ulimit -f) a write fails with EFBIG instead of killing us
   if (o.device.empty()) o.device = gpu_available() && !gpu_emulated() ? "cuda" : "cpu";
   Corpus corpus = load_corpus(o);
   Config cfg = build_config(o, corpus.numbers);
   if (o.out.empty()) o.out = corpus.numbers ? "runs/numbers" : "runs/multi30k-" + o.src + "-" + o.tgt;
   if (o.merges < 0) o.merges = corpus.numbers ? 60 : 8000;
-  // [DEVIATION] §5.1's batches hold about 25,000 source and 25,000 target tokens; Multi30k is small
-  if (o.batch_tokens < 0) o.batch_tokens = cfg.D <= 64 ? 1024 : 4096;
-  if (o.time_limit < 0 && corpus.numbers && o.epochs < 0 && o.max_steps < 0) o.time_limit = 175;
-  if (o.epochs < 0) o.epochs = corpus.numbers ? 1000000 : 40;
-  if (o.val_sentences < 0) o.val_sentences = corpus.numbers ? 500 : 500;
+  apply_defaults(o, cfg, corpus.numbers);
+  // a step's batches, over every rank: each has its own dropout masks (dropout_site's 15 bits of micro)
+  const long step_batches = (long)ranks.size * o.accumulate;
+  if (step_batches > 32768) fail("--accumulate " + std::to_string(o.accumulate) + " times " + std::to_string(ranks.size) +
+                                 " ranks is more than 32768 batches a step");
 
   // the vocabulary: given, kept from the run being resumed, or learned on the training text (§5.1)
   const std::string vocab_path = o.out + "/vocab.bpe";
@@ -633,6 +664,9 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (ranks.rank == 0 && (!o.resume || !o.vocab.empty())) tok.save(vocab_path);  // the run folder holds its vocabulary
+    if (ranks.rank == 0 && !o.resume && preset_name(o, corpus.numbers) == "multi30k")  // and ./translate's beam and alpha
+      save_decoding_defaults(o.out + "/decoding.txt", recipe_decoding(),
+                             "the multi30k recipe's beam and length penalty, chosen on Multi30k's validation set (NOTES.md)");
   } catch (const std::exception& e) {
     fail(e.what());
   }

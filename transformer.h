@@ -61,7 +61,8 @@ struct Config {
   void validate() const;  // throws std::invalid_argument naming the bad field
 };
 
-// Presets: "base" and "big" (Table 3), "small" (quick runs on Multi30k), "tiny" (toy task on a CPU).
+// Presets: "base" and "big" (Table 3), "small" (quick runs on Multi30k), "multi30k" (the Multi30k recipe's
+// 4+4-layer, d_model 128 model), "tiny" (toy task on a CPU).
 Config config_preset(const std::string& name);
 
 // ---- parameters: one buffer, one table of named tensors ----------------------------------------------
@@ -273,6 +274,13 @@ std::vector<Hypothesis> greedy_decode(Transformer<T>& m, const std::vector<std::
 template <typename T>
 std::vector<std::vector<Hypothesis>> beam_search(Transformer<T>& m, const std::vector<std::vector<int>>& src,
                                                  const DecodeOptions& opt);
+// A run folder's decoding defaults: decoding.txt beside its checkpoints holds a beam size and a length
+// penalty, chosen on the validation set (./translate --tune) or the recipe's (./train --config multi30k);
+// ./translate uses them where its command line is silent. Lines "beam K" and "alpha A"; '#' comments.
+void save_decoding_defaults(const std::string& path, const DecodeOptions& d, const std::string& comment);
+// Sets the beam and alpha the file names: false when there is no file; std::runtime_error naming the
+// file and line when it cannot be read or a line is not one of the two.
+bool load_decoding_defaults(const std::string& path, DecodeOptions* d);
 // log P(y | x) of every position of a given output, through the incremental decoder (y ids without
 // specials; </s> appended): row t holds the log-probabilities (V) of the token after y_1..y_t.
 template <typename T>

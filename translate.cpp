@@ -35,6 +35,10 @@ struct Options {
   std::string model, vocab, input, output, ref, score, attention, device;  // device "": cuda when a GPU is present
   DecodeOptions decode;
   bool greedy = false, lowercase = false, stats = false, interactive = false;
+  bool beam_given = false, alpha_given = false;  // on the command line (else decoding.txt's, if any)
+  bool tune = false;                             // --tune: BLEU for every beam and alpha below
+  std::vector<int> beams = {1, 2, 4, 5, 6, 8};
+  std::vector<double> alphas = {0, 0.3, 0.6, 0.8, 1.0, 1.2, 1.5, 2.0};
   int batch = -1;  // sentences decoded together; -1: 32 on the CPU, 200 on the GPU
   int attention_layer = -1, attention_head = -1;  // from 1; -1: every layer, every head
 };
@@ -48,8 +52,8 @@ void usage(FILE* f) {
                "  --vocab FILE         BPE vocabulary (default: vocab.bpe beside the checkpoint)\n"
                "  -i, --input FILE     sentences to translate, one per line (default: stdin)\n"
                "  -o, --output FILE    translations, one per line, in input order (default: stdout)\n"
-               "  --beam K             beam size (default %d) [§6]\n"
-               "  --alpha A            length penalty ((5+|Y|)/6)^A (default %.1f) [§6]\n"
+               "  --beam K             beam size (default: decoding.txt's beside the checkpoint, else %d) [§6]\n"
+               "  --alpha A            length penalty ((5+|Y|)/6)^A (default: decoding.txt's, else %.1f) [§6]\n"
                "  --max-extra N        output length <= source length + N (default %d) [§6]\n"
                "  --greedy             greedy decoding instead of beam search\n"
                "  --n-best K           K hypotheses per sentence, Moses' n-best format:\n"
@@ -64,6 +68,10 @@ void usage(FILE* f) {
                "  --attention FILE     draw the attention weights of the first sentence as an SVG\n"
                "  --attention-layer L  draw layer L only (from 1)\n"
                "  --attention-head H   draw head H only (from 1); with --attention-layer: one head's maps, large\n"
+               "  --tune               with -i and --ref (a validation set): BLEU of beam search for every --beams and\n"
+               "                       --alphas, as a table; the best is written to decoding.txt beside the checkpoint\n"
+               "  --beams K,K,...      (default 1,2,4,5,6,8)\n"
+               "  --alphas A,A,...     (default 0,0.3,0.6,0.8,1,1.2,1.5,2)\n"
                "  --stats              print decoding time, sentences/s and target tokens/s on stderr\n"
                "  -h, --help           this help\n",
                d.beam, d.alpha, d.max_extra);
@@ -81,6 +89,23 @@ int to_int(const std::string& flag, const std::string& v) {
   return (int)x;
 }
 
+double to_alpha(const std::string& flag, const std::string& v) {
+  char* end = nullptr;
+  const double x = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end || !(x >= 0 && x <= 1e6)) fail(flag + " needs a number >= 0, got '" + v + "'");
+  return x;
+}
+
+// "1,4,5" -> each item through `one`
+template <typename F>
+auto to_list(const std::string& flag, const std::string& v, F one) {
+  std::vector<decltype(one(flag, v))> out;
+  size_t at = 0;
+  for (size_t comma; (comma = v.find(',', at)) != std::string::npos; at = comma + 1) out.push_back(one(flag, v.substr(at, comma - at)));
+  out.push_back(one(flag, v.substr(at)));
+  return out;
+}
+
 Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
@@ -94,13 +119,12 @@ Options parse(int argc, char** argv) {
     else if (a == "--vocab") o.vocab = value();
     else if (a == "-i" || a == "--input") o.input = value();
     else if (a == "-o" || a == "--output") o.output = value();
-    else if (a == "--beam") o.decode.beam = to_int(a, value());
-    else if (a == "--alpha") {
-      std::string v = value();
-      char* end = nullptr;
-      o.decode.alpha = std::strtod(v.c_str(), &end);
-      if (v.empty() || *end || !(o.decode.alpha >= 0)) fail("--alpha needs a number >= 0, got '" + v + "'");
-    } else if (a == "--max-extra") o.decode.max_extra = to_int(a, value());
+    else if (a == "--beam") o.decode.beam = to_int(a, value()), o.beam_given = true;
+    else if (a == "--alpha") o.decode.alpha = to_alpha(a, value()), o.alpha_given = true;
+    else if (a == "--tune") o.tune = true;
+    else if (a == "--beams") o.beams = to_list(a, value(), to_int);
+    else if (a == "--alphas") o.alphas = to_list(a, value(), to_alpha);
+    else if (a == "--max-extra") o.decode.max_extra = to_int(a, value());
     else if (a == "--greedy") o.greedy = true;
     else if (a == "--n-best") o.decode.n_best = to_int(a, value());
     else if (a == "--batch") o.batch = to_int(a, value());
@@ -116,8 +140,7 @@ Options parse(int argc, char** argv) {
     else fail("unknown option '" + a + "' (see --help)");
   }
   if (o.decode.beam < 1) fail("--beam must be at least 1");
-  if (o.decode.n_best < 1 || o.decode.n_best > o.decode.beam)
-    fail("--n-best must be between 1 and --beam (" + std::to_string(o.decode.beam) + ")");
+  if (o.decode.n_best < 1) fail("--n-best must be at least 1");
   if (o.greedy && o.decode.n_best > 1) fail("--n-best needs beam search, not --greedy");
   if (o.batch == 0) fail("--batch must be at least 1");
   if (!o.device.empty() && o.device != "cpu" && o.device != "cuda") fail("--device must be cpu or cuda, got '" + o.device + "'");
@@ -126,6 +149,12 @@ Options parse(int argc, char** argv) {
   if ((o.attention_layer >= 0 || o.attention_head >= 0) && o.attention.empty())
     fail("--attention-layer and --attention-head need --attention FILE");
   if (o.attention_layer == 0 || o.attention_head == 0) fail("--attention-layer and --attention-head count from 1");
+  if (o.tune) {
+    if (o.input.empty() || o.ref.empty()) fail("--tune needs -i SOURCE and --ref REFERENCE (a validation set)");
+    if (o.greedy || o.beam_given || o.alpha_given || o.decode.n_best > 1 || o.interactive || !o.attention.empty() || !o.output.empty())
+      fail("--tune takes --beams and --alphas, not --greedy, --beam, --alpha, --n-best, --interactive, --attention or -o");
+    if (std::find(o.beams.begin(), o.beams.end(), 0) != o.beams.end()) fail("--beams must be at least 1");
+  }
   return o;
 }
 
@@ -261,6 +290,79 @@ void write_translation(std::ostream& out, size_t id, const std::vector<Hypothesi
   for (const Hypothesis& h : hyps) out << id << " ||| " << tok.decode(h.tokens) << " ||| " << h.score << " ||| " << h.logprob << "\n";
 }
 
+// Every non-empty source's n-best list, decoded in batches of similar length (less padding); an empty
+// source gets an empty list. On the CPU, --batch is lowered (with a warning) to what memory holds.
+std::vector<std::vector<Hypothesis>> decode_all(Transformer<float>& m, const std::vector<std::vector<int>>& src, Options& o) {
+  std::vector<size_t> order;
+  for (size_t i = 0; i < src.size(); ++i)
+    if (!src[i].empty()) order.push_back(i);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return src[a].size() < src[b].size(); });
+  if (o.device == "cpu" && !order.empty()) {  // as many sentences at a time as memory holds
+    const int rows_each = o.greedy ? 1 : o.decode.beam, longest = (int)src[order.back()].size();
+    auto bytes = [&](size_t sentences) {
+      return decoding_bytes(m.cfg, (int)sentences, longest + 1, max_output_length(m.cfg, longest, o.decode.max_extra),
+                            (int)sentences * rows_each);
+    };
+    const size_t available = available_memory(), wanted = std::min((size_t)o.batch, order.size());
+    if (bytes(1) > available)
+      fail("decoding one sentence of " + std::to_string(longest) + " tokens with beam " + std::to_string(rows_each) + " needs " +
+           std::to_string(bytes(1) >> 20) + " MB, but " + std::to_string(available >> 20) + " MB are available: lower --beam");
+    size_t fits = wanted;
+    while (bytes(fits) > available) fits /= 2;
+    if (fits < wanted) {
+      std::fprintf(stderr, "translate: warning: --batch %zu needs %zu MB with beam %d, %zu MB are available: decoding %zu sentences at a time\n",
+                   wanted, bytes(wanted) >> 20, rows_each, available >> 20, fits);
+      o.batch = (int)fits;
+    }
+  }
+  std::vector<std::vector<Hypothesis>> result(src.size());
+  for (size_t at = 0; at < order.size(); at += o.batch) {
+    std::vector<std::vector<int>> chunk;
+    const size_t end = std::min(order.size(), at + o.batch);
+    for (size_t j = at; j < end; ++j) chunk.push_back(src[order[j]]);
+    std::vector<std::vector<Hypothesis>> r = translate_chunk(m, chunk, o);
+    for (size_t j = at; j < end; ++j) result[order[j]] = std::move(r[j - at]);
+  }
+  return result;
+}
+
+// The best translation of each line (empty for an empty source).
+std::vector<std::string> best_translations(const std::vector<std::vector<Hypothesis>>& result, const Tokenizer& tok) {
+  std::vector<std::string> hyps;
+  for (const std::vector<Hypothesis>& r : result) hyps.push_back(r.empty() ? std::string() : tok.decode(r[0].tokens));
+  return hyps;
+}
+
+// --tune: corpus BLEU of beam search on a validation set for every beam size and length penalty, printed
+// as a table (a row per beam, a column per alpha); the best (the first of equals: smaller beams and
+// alphas first) is written to decoding.txt beside the checkpoint.
+void tune_decoding(Transformer<float>& m, const Tokenizer& tok, const std::vector<std::vector<int>>& src,
+                   const std::vector<std::string>& refs, Options& o, const std::string& defaults_path) {
+  std::printf("BLEU of beam search on %s (%zu sentences) against %s: a row per beam size, a column per length penalty alpha\n",
+              o.input.c_str(), src.size(), o.ref.c_str());
+  std::printf("%-6s", "beam");
+  for (double a : o.alphas) std::printf(" %7g", a);
+  std::printf("\n");
+  DecodeOptions best = o.decode;
+  double best_bleu = -1;
+  for (int beam : o.beams) {
+    std::printf("%-6d", beam);
+    for (double alpha : o.alphas) {
+      o.decode.beam = beam, o.decode.alpha = alpha;
+      const double bleu = corpus_bleu(best_translations(decode_all(m, src, o), tok), refs, o.lowercase).score;
+      std::printf(" %7.2f", bleu);
+      std::fflush(stdout);
+      if (bleu > best_bleu) best_bleu = bleu, best = o.decode;
+    }
+    std::printf("\n");
+  }
+  char line[160];
+  std::snprintf(line, sizeof line, "beam %d, alpha %g: BLEU %.2f on %zu sentences of %s", best.beam, best.alpha, best_bleu, src.size(), o.input.c_str());
+  save_decoding_defaults(defaults_path, best, std::string("chosen by ./translate --tune: ") + line);
+  std::printf("best: %s; written to %s, which ./translate -m %s uses unless given --beam or --alpha\n", line, defaults_path.c_str(),
+              o.model.c_str());
+}
+
 // Ctrl-C in an interactive session: waiting at the prompt, everything asked for is written and flushed,
 // so the program ends at once; while a line is being translated, it ends after writing its translation.
 volatile std::sig_atomic_t interrupted = 0, waiting_for_input = 0;
@@ -294,11 +396,21 @@ int main(int argc, char** argv) {
       fail(vocab_path + " is not the vocabulary " + o.model + " was trained with (hash mismatch)");
     if (tok.vocab_size() != m.cfg.V)
       fail(vocab_path + " has " + std::to_string(tok.vocab_size()) + " tokens but the model has " + std::to_string(m.cfg.V));
+    // the run folder's decoding defaults, where the command line is silent
+    const std::string defaults_path = directory_of(o.model) + "/decoding.txt";
+    DecodeOptions defaults;
+    const bool have_defaults = !o.tune && load_decoding_defaults(defaults_path, &defaults);
+    if (have_defaults && !o.beam_given) o.decode.beam = defaults.beam;
+    if (have_defaults && !o.alpha_given) o.decode.alpha = defaults.alpha;
+    if (!o.greedy && o.decode.n_best > o.decode.beam)
+      fail("--n-best " + std::to_string(o.decode.n_best) + " is more than the beam of " + std::to_string(o.decode.beam) +
+           (have_defaults && !o.beam_given ? " (" + defaults_path + ")" : "") + ": give a --beam of at least as many");
     // Options that would only make work explode are refused or capped here, with one line each.
     const int predictable = m.cfg.V - 2;  // decoding never predicts <pad> or <s>
-    if (!o.greedy && o.decode.beam > predictable)
-      fail("--beam " + std::to_string(o.decode.beam) + " is more than the " + std::to_string(predictable) +
-           " tokens the model can predict: choose at most that many");
+    for (int beam : o.tune ? o.beams : std::vector<int>{o.greedy ? 1 : o.decode.beam})
+      if (beam > predictable)
+        fail("a beam of " + std::to_string(beam) + " is more than the " + std::to_string(predictable) +
+             " tokens the model can predict: choose at most that many");
     if (o.decode.max_extra >= m.cfg.max_len)
       std::fprintf(stderr, "translate: warning: --max-extra %d cannot be met: outputs stop at the model's max_len of %d tokens\n",
                    o.decode.max_extra, m.cfg.max_len);
@@ -381,37 +493,12 @@ int main(int argc, char** argv) {
       std::vector<std::string> lines = read_text_lines(o.input.empty() ? "-" : o.input);
       check_refs(lines.size());
       src = encode(lines, 1);  // a line that is not UTF-8 throws "NAME:LINE: ..." before anything is written
-      std::vector<size_t> order;
-      for (size_t i = 0; i < src.size(); ++i)
-        if (!src[i].empty()) order.push_back(i);
-      std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return src[a].size() < src[b].size(); });
-      if (o.device == "cpu" && !order.empty()) {  // as many sentences at a time as memory holds
-        const int rows_each = o.greedy ? 1 : o.decode.beam, longest = (int)src[order.back()].size();
-        auto bytes = [&](size_t sentences) {
-          return decoding_bytes(m.cfg, (int)sentences, longest + 1, max_output_length(m.cfg, longest, o.decode.max_extra),
-                                (int)sentences * rows_each);
-        };
-        const size_t available = available_memory(), wanted = std::min((size_t)o.batch, order.size());
-        if (bytes(1) > available)
-          fail("decoding one sentence of " + std::to_string(longest) + " tokens with beam " + std::to_string(rows_each) + " needs " +
-               std::to_string(bytes(1) >> 20) + " MB, but " + std::to_string(available >> 20) + " MB are available: lower --beam");
-        size_t fits = wanted;
-        while (bytes(fits) > available) fits /= 2;
-        if (fits < wanted) {
-          std::fprintf(stderr, "translate: warning: --batch %zu needs %zu MB with beam %d, %zu MB are available: decoding %zu sentences at a time\n",
-                       wanted, bytes(wanted) >> 20, rows_each, available >> 20, fits);
-          o.batch = (int)fits;
-        }
+      if (o.tune) {
+        tune_decoding(m, tok, src, refs, o, defaults_path);
+        return 0;
       }
-      result.resize(src.size());
       const auto t0 = std::chrono::steady_clock::now();
-      for (size_t at = 0; at < order.size(); at += o.batch) {
-        std::vector<std::vector<int>> chunk;
-        const size_t end = std::min(order.size(), at + o.batch);
-        for (size_t j = at; j < end; ++j) chunk.push_back(src[order[j]]);
-        std::vector<std::vector<Hypothesis>> r = translate_chunk(m, chunk, o);
-        for (size_t j = at; j < end; ++j) result[order[j]] = std::move(r[j - at]);
-      }
+      result = decode_all(m, src, o);
       seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       std::ostream& out = open_output();
       for (size_t i = 0; i < src.size(); ++i) write_translation(out, i, result[i], tok, o.decode.n_best);
@@ -420,9 +507,8 @@ int main(int argc, char** argv) {
 
     size_t sentences = 0, first = src.size();
     long tokens = 0;
-    std::vector<std::string> hyps;
+    const std::vector<std::string> hyps = best_translations(result, tok);
     for (size_t i = 0; i < src.size(); ++i) {
-      hyps.push_back(result[i].empty() ? std::string() : tok.decode(result[i][0].tokens));
       if (result[i].empty()) continue;
       ++sentences, first = std::min(first, i);
       tokens += (long)result[i][0].tokens.size() + result[i][0].finished;  // target tokens count </s>

@@ -33,15 +33,18 @@ on_cuda_or_error() {
   fi
   return 1
 }
-# tiny_corpus DIR PAIRS: a Multi30k-shaped folder (train, val and test_2016_flickr, .en and .de) of 3-word
-# sentences, PAIRS training pairs and 2 of each other split: epochs of a few tiny batches
+# tiny_corpus DIR PAIRS [WORDS]: a Multi30k-shaped folder (train, val and test_2016_flickr, .en and .de) of
+# WORDS-word sentences (default 3; at most 5), PAIRS training pairs and 2 of each other split: epochs of a
+# few tiny batches. The German side is the English words translated, in reverse order.
 tiny_corpus() {
   mkdir -p "$1"
   local split n
   for split in train val test_2016_flickr; do
     n=$([ $split = train ] && echo "$2" || echo 2)
-    awk -v n="$n" 'BEGIN { split("red blue green small big old young", w, " "); for (i = 0; i < n; i++) print w[i % 7 + 1], w[(i * 3) % 7 + 1], w[(i * 5) % 7 + 1] }' > "$1/$split.en"
-    awk -v n="$n" 'BEGIN { split("rot blau gruen klein gross alt jung", w, " "); for (i = 0; i < n; i++) print w[(i * 5) % 7 + 1], w[(i * 3) % 7 + 1], w[i % 7 + 1] }' > "$1/$split.de"
+    awk -v n="$n" -v k="${3:-3}" 'BEGIN { split("red blue green small big old young", w, " "); split("1 3 5 2 4", f, " ")
+      for (i = 0; i < n; i++) { line = ""; for (j = 1; j <= k; j++) line = line (j > 1 ? " " : "") w[(i * f[j]) % 7 + 1]; print line } }' > "$1/$split.en"
+    awk -v n="$n" -v k="${3:-3}" 'BEGIN { split("rot blau gruen klein gross alt jung", w, " "); split("1 3 5 2 4", f, " ")
+      for (i = 0; i < n; i++) { line = ""; for (j = k; j >= 1; j--) line = line (j < k ? " " : "") w[(i * f[j]) % 7 + 1]; print line } }' > "$1/$split.de"
   done
 }
 cli_finish() {

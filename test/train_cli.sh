@@ -138,4 +138,20 @@ check "a resume keeps counting validations ($(grep '^stopped' patient2.log))" \
 expect_error "--patience 0" "--patience needs an integer" "$train" --patience 0
 expect_error "--checkpoint-every neither minutes nor epoch" "--checkpoint-every needs a number" "$train" --checkpoint-every often
 
+# 8. --config multi30k is a whole recipe: its model, 4 batches of 2048 tokens a step, a checkpoint each epoch,
+#    --patience 10, the last 10 checkpoints kept and averaged, and its decoding defaults for ./translate;
+#    the command line still wins over each (the tiny corpus is one batch an epoch: a step an epoch).
+"$train" --config multi30k --data tiny --merges 10 --lr-scale 1e-9 --quiet --out recipe > recipe.log 2>&1
+check "the recipe's model and steps" sh -c "grep -q 'model: N=4 D=128 F=256 H=4 .* dropout 0.30' recipe.log &&
+  grep -q 'about 2048 source and 2048 target tokens' recipe.log && grep -q '^steps: 4 batches each' recipe.log"
+check "the recipe stops on --patience 10 ($(grep '^stopped' recipe.log))" \
+  grep -q "^stopped: --patience 10 reached (.* at step 1, not bettered in 10 validations) at step 11 (epoch 11.00)" recipe.log
+check "and keeps and averages the last 10 epoch checkpoints" sh -c \
+  "test \$(ls recipe | grep -c ckpt) -eq 10 && grep -q 'averaged the last 10 checkpoints' recipe.log"
+check "it writes ./translate's decoding defaults" sh -c "grep -qx 'beam 5' recipe/decoding.txt && grep -qx 'alpha 1' recipe/decoding.txt"
+"$train" --config multi30k --data tiny --merges 10 --quiet --keep 3 --max-steps 30 --batch-tokens 64 --accumulate 1 --out recipe2 > recipe2.log 2>&1
+check "options given win over the recipe's ($(grep -E '^(stopped|averaged)' recipe2.log | tr '\n' ' '))" sh -c \
+  "grep -q '^stopped: --max-steps reached at step 30' recipe2.log && grep -q 'averaged the last 3 checkpoints' recipe2.log &&
+   ! grep -q '^steps:' recipe2.log && grep -q 'about 64 source' recipe2.log"
+
 cli_finish

@@ -68,6 +68,49 @@ check "--stats: one line with the counts and speeds" \
 "$translate" "${m[@]}" -i in.txt --ref in.txt > /dev/null 2> bleu.log
 check "--ref prints BLEU on stderr" grep -q "^BLEU = " bleu.log
 
+# decoding.txt beside the checkpoint gives the beam and alpha where the command line is silent (n-best
+# scores show alpha); --tune chooses them on a validation set, as a table, and writes the best there
+"$translate" "${m[@]}" --n-best 2 -i in.txt > plain.txt
+"$translate" "${m[@]}" --beam 3 --alpha 1.5 --n-best 2 -i in.txt > b3.txt
+printf '# a comment\n\nbeam 3\nalpha 1.5\n' > run/decoding.txt
+"$translate" "${m[@]}" --n-best 2 -i in.txt > defaults.txt
+check "decoding.txt's beam and alpha are the defaults" cmp -s b3.txt defaults.txt
+check "and they change the output" sh -c "! cmp -s plain.txt b3.txt"
+"$translate" "${m[@]}" --beam 4 --alpha 0.6 --n-best 2 -i in.txt > given.txt
+check "--beam and --alpha win over decoding.txt" cmp -s plain.txt given.txt
+expect_error "--n-best above decoding.txt's beam" "--n-best 4 is more than the beam of 3 (run/decoding.txt)" "$translate" "${m[@]}" --n-best 4 -i in.txt
+printf 'beam 3\nbeam two\n' > run/decoding.txt
+expect_error "a bad line of decoding.txt is named" "run/decoding.txt:2: expected 'beam K' or 'alpha A', got 'beam two'" "$translate" "${m[@]}" -i in.txt
+printf 'beam 0\n' > run/decoding.txt
+expect_error "a beam of 0 in decoding.txt" "run/decoding.txt:1: expected 'beam K' (K >= 1)" "$translate" "${m[@]}" -i in.txt
+printf 'alpha 1 2\n' > run/decoding.txt
+expect_error "trailing words in decoding.txt" "run/decoding.txt:1: expected" "$translate" "${m[@]}" -i in.txt
+rm run/decoding.txt
+# --tune on a model that reverses 5-word sentences of a tiny corpus (BLEU needs 4-grams): the table's
+# cells are the BLEU ./translate --ref prints for that beam and alpha, and its best goes to decoding.txt
+tiny_corpus tiny5 60 5
+"$root/train" --data tiny5 --config tiny --merges 10 --max-steps 150 --batch-tokens 64 --quiet --out rev > rev.log 2>&1
+printf '%s\n' "red blue green small big" "old young red blue green" "small big old young red" "big green red old small" \
+  "young blue small red old" "green green big big red" > tune.en
+printf '%s\n' "gross klein gruen blau rot" "gruen blau rot jung alt" "rot jung alt gross klein" "klein alt rot gruen gross" \
+  "alt rot klein blau jung" "rot gross gross gruen gruen" > tune.de
+"$translate" -m rev/model.bin --tune --beams 1,2,3 --alphas 0,0.6,2 -i tune.en --ref tune.de > tune.txt
+cat tune.txt
+best=$(awk 'NR == 2 { for (j = 2; j <= NF; j++) alpha[j] = $j } NR > 2 && NF == 4 {
+         for (j = 2; j <= NF; j++) if (top == "" || $j + 0 > top + 0) { top = $j; b = $1; a = alpha[j] } }
+       END { print "beam " b " alpha " a }' tune.txt)
+check "--tune: a table of 3 beams x 3 alphas" test "$(awk 'NR > 2 && NF == 4' tune.txt | wc -l)" -eq 3
+check "--tune writes the table's best to decoding.txt ($best; $(grep -v '^#' rev/decoding.txt | tr '\n' ' '))" \
+  test "$best" = "$(grep -v '^#' rev/decoding.txt | tr '\n' ' ' | sed 's/ $//')"
+"$translate" -m rev/model.bin --beam 3 --alpha 2 -i tune.en --ref tune.de > /dev/null 2> cell.log
+check "a cell of the table is that decoding's BLEU ($(awk '$1 == 3 { print $4 }' tune.txt), $(sed -n 's/^BLEU = \([0-9.]*\) .*/\1/p' cell.log))" \
+  test "$(awk '$1 == 3 { print $4 }' tune.txt)" = "$(sed -n 's/^BLEU = \([0-9.]*\) .*/\1/p' cell.log)"
+check "the cells differ (the test can tell a wrong choice)" test "$(awk 'NR > 2 { for (j = 2; j <= NF; j++) print $j }' tune.txt | sort -u | wc -l)" -gt 2
+expect_error "--tune needs a validation set" "--tune needs -i SOURCE and --ref REFERENCE" "$translate" "${m[@]}" --tune -i tune.en
+expect_error "--tune with --beam" "--tune takes --beams and --alphas, not --greedy, --beam" "$translate" "${m[@]}" --tune --beam 2 -i tune.en --ref tune.de
+expect_error "--beams with a 0" "--beams must be at least 1" "$translate" "${m[@]}" --tune --beams 1,0 -i tune.en --ref tune.de
+expect_error "--alphas not numbers" "--alphas needs a number >= 0, got 'x'" "$translate" "${m[@]}" --tune --alphas 1,x -i tune.en --ref tune.de
+
 # bad input
 printf 'nine\nbad \xff line\n' > bad.txt
 expect_error "invalid UTF-8 names the line" "stdin:2: invalid UTF-8 at byte 4" "$translate" "${m[@]}" < bad.txt
@@ -90,11 +133,11 @@ expect_error "--attention-layer beyond the model" "--attention-layer 3: the mode
   "$translate" "${m[@]}" --attention x.svg --attention-layer 3 -i in.txt
 expect_error "--attention-head 0" "count from 1" "$translate" "${m[@]}" --attention x.svg --attention-head 0
 expect_error "--attention-head without --attention" "need --attention FILE" "$translate" "${m[@]}" --attention-head 1
-expect_error "--n-best above --beam" "--n-best must be between 1 and --beam" "$translate" "${m[@]}" --n-best 5
+expect_error "--n-best above --beam" "--n-best 5 is more than the beam of 4: give a --beam" "$translate" "${m[@]}" --n-best 5
 V=$(sed -n 's/.* V=\([0-9]*\),.*/\1/p' train.log)
-expect_error "--beam beyond the vocabulary" "--beam 100000 is more than the $((V - 2)) tokens the model can predict" \
+expect_error "--beam beyond the vocabulary" "a beam of 100000 is more than the $((V - 2)) tokens the model can predict" \
   "$translate" "${m[@]}" --beam 100000 -i in.txt
-expect_error "--n-best beyond the vocabulary" "--beam 1000000 is more than" "$translate" "${m[@]}" --beam 1000000 --n-best 1000000 -i in.txt
+expect_error "--n-best beyond the vocabulary" "a beam of 1000000 is more than" "$translate" "${m[@]}" --beam 1000000 --n-best 1000000 -i in.txt
 "$translate" "${m[@]}" --greedy --max-extra 1000 -i in.txt > extra.txt 2> extra.err
 check "--max-extra beyond max_len: one warning, still translated" \
   sh -c "test \$(wc -l < extra.err) -eq 1 && grep -q 'max-extra 1000 cannot be met: outputs stop at the model.s max_len of 64' extra.err && test \$(wc -l < extra.txt) -eq 6"
