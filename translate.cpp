@@ -36,7 +36,7 @@ struct Options {
   DecodeOptions decode;
   bool greedy = false, lowercase = false, stats = false, interactive = false;
   bool beam_given = false, alpha_given = false;  // on the command line (else decoding.txt's, if any)
-  bool tune = false;                             // --tune: BLEU for every beam and alpha below
+  bool tune = false, grid_given = false;         // --tune: BLEU for every beam and alpha below
   std::vector<int> beams = {1, 2, 4, 5, 6, 8};
   std::vector<double> alphas = {0, 0.3, 0.6, 0.8, 1.0, 1.2, 1.5, 2.0};
   int batch = -1;  // sentences decoded together; -1: 32 on the CPU, 200 on the GPU
@@ -122,8 +122,8 @@ Options parse(int argc, char** argv) {
     else if (a == "--beam") o.decode.beam = to_int(a, value()), o.beam_given = true;
     else if (a == "--alpha") o.decode.alpha = to_alpha(a, value()), o.alpha_given = true;
     else if (a == "--tune") o.tune = true;
-    else if (a == "--beams") o.beams = to_list(a, value(), to_int);
-    else if (a == "--alphas") o.alphas = to_list(a, value(), to_alpha);
+    else if (a == "--beams") o.beams = to_list(a, value(), to_int), o.grid_given = true;
+    else if (a == "--alphas") o.alphas = to_list(a, value(), to_alpha), o.grid_given = true;
     else if (a == "--max-extra") o.decode.max_extra = to_int(a, value());
     else if (a == "--greedy") o.greedy = true;
     else if (a == "--n-best") o.decode.n_best = to_int(a, value());
@@ -154,6 +154,8 @@ Options parse(int argc, char** argv) {
     if (o.greedy || o.beam_given || o.alpha_given || o.decode.n_best > 1 || o.interactive || !o.attention.empty() || !o.output.empty())
       fail("--tune takes --beams and --alphas, not --greedy, --beam, --alpha, --n-best, --interactive, --attention or -o");
     if (std::find(o.beams.begin(), o.beams.end(), 0) != o.beams.end()) fail("--beams must be at least 1");
+  } else if (o.grid_given) {
+    fail("--beams and --alphas are the grid of --tune: translate with --beam and --alpha");
   }
   return o;
 }

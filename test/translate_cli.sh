@@ -109,6 +109,7 @@ check "the cells differ (the test can tell a wrong choice)" test "$(awk 'NR > 2 
 expect_error "--tune needs a validation set" "--tune needs -i SOURCE and --ref REFERENCE" "$translate" "${m[@]}" --tune -i tune.en
 expect_error "--tune with --beam" "--tune takes --beams and --alphas, not --greedy, --beam" "$translate" "${m[@]}" --tune --beam 2 -i tune.en --ref tune.de
 expect_error "--beams with a 0" "--beams must be at least 1" "$translate" "${m[@]}" --tune --beams 1,0 -i tune.en --ref tune.de
+expect_error "--beams without --tune" "--beams and --alphas are the grid of --tune" "$translate" "${m[@]}" --beams 2 -i tune.en
 expect_error "--alphas not numbers" "--alphas needs a number >= 0, got 'x'" "$translate" "${m[@]}" --tune --alphas 1,x -i tune.en --ref tune.de
 
 # bad input
