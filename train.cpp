@@ -191,7 +191,7 @@ std::string preset_name(const Options& o, bool numbers) { return !o.config.empty
 // chosen on its development set).
 DecodeOptions recipe_decoding() {
   DecodeOptions d;
-  d.beam = 5, d.alpha = 1.0;
+  d.beam = 5, d.alpha = 1.5;
   return d;
 }
 

@@ -148,7 +148,7 @@ check "the recipe stops on --patience 10 ($(grep '^stopped' recipe.log))" \
   grep -q "^stopped: --patience 10 reached (.* at step 1, not bettered in 10 validations) at step 11 (epoch 11.00)" recipe.log
 check "and keeps and averages the last 10 epoch checkpoints" sh -c \
   "test \$(ls recipe | grep -c ckpt) -eq 10 && grep -q 'averaged the last 10 checkpoints' recipe.log"
-check "it writes ./translate's decoding defaults" sh -c "grep -qx 'beam 5' recipe/decoding.txt && grep -qx 'alpha 1' recipe/decoding.txt"
+check "it writes ./translate's decoding defaults" sh -c "grep -qx 'beam 5' recipe/decoding.txt && grep -qx 'alpha 1.5' recipe/decoding.txt"
 "$train" --config multi30k --data tiny --merges 10 --quiet --keep 3 --max-steps 30 --batch-tokens 64 --accumulate 1 --out recipe2 > recipe2.log 2>&1
 check "options given win over the recipe's ($(grep -E '^(stopped|averaged)' recipe2.log | tr '\n' ' '))" sh -c \
   "grep -q '^stopped: --max-steps reached at step 30' recipe2.log && grep -q 'averaged the last 3 checkpoints' recipe2.log &&
