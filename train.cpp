@@ -38,7 +38,7 @@ struct Options {
   std::map<std::string, std::string> overrides;  // --layers 4 etc., applied over the preset
   int merges = -1;           // -1: 8000 on Multi30k, 60 on the number corpus
   // -1 below: the default, which may depend on the corpus and the preset (apply_defaults)
-  int batch_tokens = -1;     // 4096 (small and up), 8192 (multi30k), 1024 (tiny)
+  int batch_tokens = -1;     // 4096 (small and up), 2048 (multi30k), 1024 (tiny)
   long epochs = -1, max_steps = -1;
   double time_limit = -1;    // seconds; -1: none (Multi30k), 175 (number corpus)
   std::string device;  // "": cuda when a GPU is present, else cpu
@@ -72,7 +72,7 @@ void usage() {
       "  --bpe-only             learn (or load) the vocabulary, then print how each stdin line splits\n"
       "model (--config, then overrides)\n"
       "  --config NAME          tiny | small | multi30k | base | big (default small on Multi30k, tiny on numbers);\n"
-      "                         multi30k is a whole recipe: 4+4 layers, d_model 128, 8192-token batches, at most\n"
+      "                         multi30k is a whole recipe: 4+4 layers, d_model 128, steps of 4 x 2048 tokens, at most\n"
       "                         8000 steps, a checkpoint each epoch, --patience 10, --average 10\n"
       "  --layers N --d-model D --d-ff F --heads H --max-len L\n"
       "  --dropout P            residual and embedding dropout [§5.4]\n"
