@@ -113,7 +113,8 @@ PROGRAMS := $(basename $(wildcard train.cpp translate.cpp))
 TESTS    := $(patsubst test/%.cpp,$(BUILD)/test/%,$(filter-out test/cuda_emulator.cpp,$(wildcard test/*.cpp)))
 HEADERS  := $(wildcard *.h data/*.h test/*.h)
 # The course grader is built against the emulated GPU in every configuration (it grades the two CUDA kernel
-# tasks there, no GPU needed), with its own objects in build/grade/.
+# tasks there, no GPU needed), with its own objects in build/grade/; so is `bench --count` (make bench's
+# counts of what a training step asks of the GPU).
 GRADE_BUILD := $(BUILD)/grade
 GRADE_OBJS  := $(GRADE_BUILD)/transformer.o $(GRADE_BUILD)/tokenizer.o $(GRADE_BUILD)/data/numbers.o
 COURSE      := $(patsubst course/%.cpp,$(GRADE_BUILD)/course/%,$(wildcard course/*.cpp))
@@ -180,9 +181,12 @@ $(GRADE_BUILD)/%.o: %.cpp $(HEADERS) $(BUILD)/config.stamp
 $(GRADE_BUILD)/course/%: $(GRADE_BUILD)/course/%.o $(GRADE_OBJS)
 	$(CXX) $^ -o $@ $(EMU_LDLIBS)
 
+$(GRADE_BUILD)/test/bench: $(GRADE_BUILD)/test/bench.o $(GRADE_OBJS)
+	$(CXX) $^ -o $@ $(EMU_LDLIBS)
+
 emu: $(EMU_TESTS)
 
-test: all emu $(COURSE)
+test: all emu $(COURSE) $(GRADE_BUILD)/test/bench
 	ctest --test-dir test --output-on-failure $(CTEST_ARGS)
 
 # Bugs planted in copies of transformer.cu, each of which the emulated parity_gpu must catch.
@@ -194,7 +198,7 @@ data:
 	bash data/get_multi30k.sh data/multi30k
 
 # Benchmarks print figures (they are not tests): see test/bench.sh.
-bench: all
+bench: all $(GRADE_BUILD)/test/bench
 	bash test/bench.sh
 
 # ---- fuzzing: libFuzzer targets (clang), each linked with the library sources ---------------------------

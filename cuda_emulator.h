@@ -22,6 +22,8 @@
 // seeded by CUDA_EMULATOR_SEED): a missing __syncthreads or a race on shared memory gives another result
 // under another order. An execution error is sticky as on a GPU: every later call returns
 // cudaErrorLaunchFailure, and cudaGetErrorString gives the emulator's one-line finding.
+// CUDA_EMULATOR_DRY_RUN=1 checks and counts launches and cuBLAS calls (emu::counts()) without running them:
+// what a step asks of the GPU at full size in seconds (copies and memsets still run; results are garbage).
 // What it cannot show (NOTES.md, "The emulated GPU"): timing, occupancy, code that relies on a warp's
 // lockstep without a sync, races between blocks, memory ordering, nvcc's FMA contraction and fast math.
 #pragma once
@@ -204,6 +206,14 @@ struct Thread {
   int arg = 0, width = 32;
 };
 
+// What the host asked of the device since the last reset_counts(): `bench --count` prints it per training
+// step. Device bytes are those allocated now, and the most allocated at once since the reset.
+struct Counts {
+  std::map<std::string, size_t> launches, blas_calls;  // per kernel, per cuBLAS function
+  size_t to_device = 0, to_host = 0, on_device = 0, memsets = 0;  // cudaMemcpy(Async) by direction, cudaMemset(Async)
+  size_t device_bytes = 0, peak_device_bytes = 0;
+};
+
 struct State {
   // the launch in progress
   const char* kernel = "";
@@ -230,9 +240,11 @@ struct State {
   cudaError_t last_error = cudaSuccess, sticky_error = cudaSuccess;
   std::string sticky_detail;
   std::map<cudaError_t, std::string> detail_of;  // the last finding behind each error, for cudaGetErrorString
+  Counts counts;
   Order order = Order::inorder;
   std::mt19937_64 rng;
   unsigned timeout = 300;
+  bool dry_run = false;
 
   State() {
     const char* o = std::getenv("CUDA_EMULATOR_ORDER");
@@ -246,11 +258,18 @@ struct State {
     const char* seed = std::getenv("CUDA_EMULATOR_SEED");
     rng.seed(seed ? std::strtoull(seed, nullptr, 10) : 1);
     if (const char* t = std::getenv("CUDA_EMULATOR_TIMEOUT")) timeout = (unsigned)std::strtoul(t, nullptr, 10);
+    const char* dry = std::getenv("CUDA_EMULATOR_DRY_RUN");
+    dry_run = dry && std::string(dry) == "1";
   }
 };
 inline State& state() {
   static State s;
   return s;
+}
+inline Counts& counts() { return state().counts; }
+inline void reset_counts() {
+  Counts& c = counts();
+  c = Counts{{}, {}, 0, 0, 0, 0, c.device_bytes, c.device_bytes};
 }
 inline const char* order_name() {
   static const char* names[] = {"inorder", "reverse", "shuffle"};
@@ -581,6 +600,8 @@ void launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_
   const size_t limit = raised == s.shared_limit.end() ? kSharedDefault : raised->second;
   if (shared > limit)
     return (void)fail(cudaErrorInvalidValue, config + format(": %zu bytes of dynamic shared memory, over the %zu allowed", shared, limit));
+  ++s.counts.launches[name];
+  if (s.dry_run) return;
   using Args = std::tuple<std::decay_t<P>...>;
   Launch<void (*)(P...), Args> call{kernel, Args(std::forward<A>(args)...)};  // converted as a launch converts them
   s.body = &Launch<void (*)(P...), Args>::run, s.body_arg = &call;
@@ -716,6 +737,7 @@ inline cudaError_t cudaMalloc(void** p, size_t bytes) {
   if (!m) return emu::fail(cudaErrorMemoryAllocation, emu::format("cudaMalloc of %zu bytes", bytes));
   std::memset(m, 0xFF, bytes);  // NaN in every float until written
   s.device_allocations[(uintptr_t)m] = bytes;
+  s.counts.device_bytes += bytes, s.counts.peak_device_bytes = std::max(s.counts.peak_device_bytes, s.counts.device_bytes);
   *p = m;
   return cudaSuccess;
 }
@@ -725,6 +747,7 @@ inline cudaError_t cudaFree(void* p) {
   if (!p) return emu_status();
   auto it = s.device_allocations.find((uintptr_t)p);
   if (it == s.device_allocations.end()) return emu::fail(cudaErrorInvalidValue, emu::format("cudaFree(%p): not a pointer cudaMalloc returned", p));
+  s.counts.device_bytes -= it->second;
   s.device_allocations.erase(it);
   std::free(p);
   return emu_status();
@@ -758,6 +781,7 @@ inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemc
   const bool from_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
   if (to_device && !emu::inside(s.device_allocations, dst, bytes, &why)) return emu::fail(cudaErrorInvalidValue, "cudaMemcpy destination: " + why);
   if (from_device && !emu::inside(s.device_allocations, src, bytes, &why)) return emu::fail(cudaErrorInvalidValue, "cudaMemcpy source: " + why);
+  if (to_device || from_device) ++(!from_device ? s.counts.to_device : !to_device ? s.counts.to_host : s.counts.on_device);
   std::memcpy(dst, src, bytes);
   return cudaSuccess;
 }
@@ -770,6 +794,7 @@ inline cudaError_t cudaMemset(void* p, int value, size_t bytes) {
   if (s.sticky_error != cudaSuccess) return s.sticky_error;
   std::string why;
   if (bytes && !emu::inside(s.device_allocations, p, bytes, &why)) return emu::fail(cudaErrorInvalidValue, "cudaMemset: " + why);
+  ++s.counts.memsets;
   std::memset(p, value, bytes);
   return cudaSuccess;
 }
@@ -780,7 +805,7 @@ inline cudaError_t cudaDeviceReset() {
   emu::State& s = emu::state();
   for (auto& a : s.device_allocations) std::free((void*)a.first);
   for (auto& a : s.pinned_allocations) std::free((void*)a.first);
-  s.device_allocations.clear(), s.pinned_allocations.clear(), s.shared_limit.clear();
+  s.device_allocations.clear(), s.pinned_allocations.clear(), s.shared_limit.clear(), s.counts = emu::Counts{};
   s.last_error = s.sticky_error = cudaSuccess, s.sticky_detail.clear(), s.detail_of.clear();
   return cudaSuccess;
 }
@@ -867,17 +892,20 @@ inline std::vector<float> tf32_copy(const float* p, int r, int c, int ld) {
 // C = alpha op(A) op(B) + beta C, column-major (m x n, op(A) m x k). Row-major, C is C^T (n x m, ld ldc) and
 // C^T = op(B)^T op(A)^T, which cpu::gemm computes from the same memory with the transposes as given.
 inline cublasStatus_t sgemm(cublasHandle_t h, const char* call, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
-                            const float* alpha, const float* A, int lda, const float* B, int ldb, const float* beta, float* C, int ldc) {
+                            const float* alpha, const float* A, int lda, const float* B, int ldb, const float* beta, float* C, int ldc,
+                            bool count = true) {
   if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
   const bool at = ta != CUBLAS_OP_N, bt = tb != CUBLAS_OP_N;
   if (ta < CUBLAS_OP_N || ta > CUBLAS_OP_C || tb < CUBLAS_OP_N || tb > CUBLAS_OP_C || m < 0 || n < 0 || k < 0 ||
       lda < std::max(1, at ? k : m) || ldb < std::max(1, bt ? n : k) || ldc < std::max(1, m))
     return CUBLAS_STATUS_INVALID_VALUE;
   if (state().sticky_error != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
+  if (count) ++state().counts.blas_calls[call];
   if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
   if (!operand_inside(call, "A", A, at ? k : m, at ? m : k, lda) || !operand_inside(call, "B", B, bt ? n : k, bt ? k : n, ldb) ||
       !operand_inside(call, "C", C, m, n, ldc))
     return CUBLAS_STATUS_EXECUTION_FAILED;
+  if (state().dry_run) return CUBLAS_STATUS_SUCCESS;
   std::vector<float> a32, b32;
   if (h->math == CUBLAS_TF32_TENSOR_OP_MATH) {
     a32 = tf32_copy(A, at ? k : m, at ? m : k, lda), b32 = tf32_copy(B, bt ? n : k, bt ? k : n, ldb);
@@ -908,7 +936,7 @@ inline cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, cublasOperatio
   if (batches < 0) return CUBLAS_STATUS_INVALID_VALUE;
   for (int i = 0; i < batches; ++i) {
     const cublasStatus_t s = emu::sgemm(h, "cublasSgemmStridedBatched", ta, tb, m, n, k, alpha, A + i * stride_a, lda, B + i * stride_b,
-                                        ldb, beta, C + i * stride_c, ldc);
+                                        ldb, beta, C + i * stride_c, ldc, i == 0);  // one call, counted once
     if (s != CUBLAS_STATUS_SUCCESS) return s;
   }
   return CUBLAS_STATUS_SUCCESS;

@@ -3,6 +3,11 @@
 //   bench --config base --batch 256 --len 32 [--steps 5] [--warmup 2] [--device cpu|cuda] [--tf32]
 // prints: STEP config=base device=cpu B=256 L=32 step_ms=... tgt_tok_per_s=...
 // On the GPU the timed steps end with a device synchronisation, so queued work is counted.
+//   bench --count --config small --batch 256 --len 32 [--tf32]   (built against the emulated GPU)
+// counts instead of timing: what one training step after the warm-up asks of the GPU, as the emulated
+// GPU sees it: COUNT launches=... cublas=... to_device=... to_host=... on_device=... memsets=...
+// device_MiB=... (allocated at the step's end) peak_MiB=... (the most at once during it), then one
+// KERNEL name=count line per kernel.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -10,15 +15,18 @@
 #include <string>
 
 #include "../transformer.h"
+#ifdef TRANSFORMER_EMULATED_GPU
+#include "../cuda_emulator.h"
+#endif
 
 int main(int argc, char** argv) {
   std::string config = "base", device = "cpu";
   int B = 256, L = 32, steps = 5, warmup = 2;
-  bool tf32 = false;
+  bool tf32 = false, count = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--tf32") {
-      tf32 = true;
+    if (a == "--tf32" || a == "--count") {
+      (a == "--tf32" ? tf32 : count) = true;
       continue;
     }
     if (i + 1 == argc) {
@@ -41,10 +49,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench: --batch, --len (>= 2), --steps must be positive; --device cpu or cuda; --tf32 needs cuda\n");
     return 2;
   }
-  if (device == "cuda" && gpu_emulated()) {  // bench.sh's probe: benchmark rows of this build run on the CPU
-    std::fprintf(stderr, "bench: this build's GPU is the emulated one (make EMU=1), a test instrument: no GPU figures\n");
+  if (count != gpu_emulated()) {  // bench.sh's probe: the timed rows of an emulated build run on the CPU
+    std::fprintf(stderr, count ? "bench: --count needs the build against the emulated GPU (build/grade/test/bench)\n"
+                               : "bench: this build's GPU is the emulated one, a test instrument: no timings (--count counts)\n");
     return 2;
   }
+  if (count) device = "cuda", warmup = 1, steps = 1;
   try {
     Config c = config_preset(config);
     c.V = 8000;  // the shared vocabulary of the benchmark shapes
@@ -73,6 +83,9 @@ int main(int argc, char** argv) {
       if (i == warmup) {
         synchronize_device(m);
         t0 = std::chrono::steady_clock::now();
+#ifdef TRANSFORMER_EMULATED_GPU
+        emu::reset_counts();
+#endif
       }
       zero_grad(m);
       loss = transformer_forward(m, batch, true);
@@ -80,6 +93,18 @@ int main(int argc, char** argv) {
       transformer_update(m);
     }
     synchronize_device(m);
+#ifdef TRANSFORMER_EMULATED_GPU
+    const emu::Counts& n = emu::counts();
+    size_t launches = 0, blas = 0;
+    for (auto& k : n.launches) launches += k.second;
+    for (auto& k : n.blas_calls) blas += k.second;
+    std::printf("COUNT config=%s%s B=%d L=%d launches=%zu cublas=%zu to_device=%zu to_host=%zu on_device=%zu memsets=%zu "
+                "device_MiB=%.1f peak_MiB=%.1f\n", config.c_str(), tf32 ? " tf32" : "", B, L, launches, blas, n.to_device, n.to_host,
+                n.on_device, n.memsets, n.device_bytes / 1048576.0, n.peak_device_bytes / 1048576.0);
+    for (auto& k : n.launches) std::printf("KERNEL %s=%zu\n", k.first.c_str(), k.second);
+    for (auto& k : n.blas_calls) std::printf("KERNEL %s=%zu\n", k.first.c_str(), k.second);
+    return 0;
+#endif
     const double ms = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / steps * 1e3;
     std::printf("STEP config=%s device=%s%s B=%d L=%d params=%.1fM step_ms=%.2f tgt_tok_per_s=%.0f loss=%.3f\n", config.c_str(),
                 device.c_str(), tf32 ? "-tf32" : "", B, L, m.params.size() / 1e6, ms, batch.target_tokens() / (ms / 1e3), loss);

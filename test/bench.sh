@@ -4,6 +4,9 @@
 #   3.   Multi30k En->De training, small config, real batches (./train): target tokens/s
 #   4.   translating test_2016_flickr, greedy and beam 4 (./translate --stats)
 #   5.   data parallelism on the CPU: 2 ranks under mpirun against 1 rank (scaling efficiency)
+#   6.   what one training step asks of the GPU, small and base models at 256 x 32 tokens a side: kernel
+#        launches, cuBLAS calls, copies, device memory, counted by the emulated GPU (build/grade/test/bench
+#        --count, a dry run: each launch and product checked and counted, not run), on any machine
 # With a GPU (a CUDA build on a machine that has one) the rows run there at full size: 256 x 32 tokens a
 # side, fp32 and TF32, 3 epochs, all 1000 test sentences. Where python3 has torch with CUDA, the PyTorch
 # reference (torch_ref.py: .ref/ on the GPU machine, else ../shared/bench/) runs the same shapes in the
@@ -85,9 +88,19 @@ data_parallel_row() {
       "scaling $(awk -v a="$r2" -v b="$r1" 'BEGIN { if (a > 0 && b > 0) printf "%.0f%%", 50 * a / b; else print "-" }')"
 }
 
+gpu_counts_rows() {
+  local out
+  for config in small base; do
+    out=$(CUDA_EMULATOR_DRY_RUN=1 ./build/grade/test/bench --count --config $config --batch 256 --len 32 | head -n 1)
+    row "6. GPU work per training step, $config model, 256 x 32 tokens" \
+        "$(echo "$out" | field launches) launches, $(echo "$out" | field cublas) cuBLAS calls, $(echo "$out" | field to_host) reads to the host, $(echo "$out" | field peak_MiB) MiB"
+  done
+}
+
 if [ ! -s data/multi30k/train.en ]; then
   row "3-4. Multi30k rows" "skipped: run \`make data\` first"
   data_parallel_row
+  gpu_counts_rows
   exit 0
 fi
 
@@ -118,3 +131,4 @@ for mode in "--greedy" "--beam 4"; do
 done
 echo "(row 4 decodes with the model of row 3, $what of training; PyTorch's greedy decoding has no K/V cache)"
 data_parallel_row
+gpu_counts_rows

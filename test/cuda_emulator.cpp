@@ -15,7 +15,9 @@
 //   - cuBLAS: cublasSgemm and cublasSgemmStridedBatched against a column-major definition in double (and
 //     cublasSgemm against the row-major cpu::gemm<double> the CPU path uses, on the transposed problem), every
 //     transpose, leading dimensions larger than the matrix, alpha and beta (beta 0 ignores a NaN C), TF32
-//     rounding, and the argument checks cuBLAS documents.
+//     rounding, and the argument checks cuBLAS documents;
+//   - the counts (emu::counts()): launches per kernel and cuBLAS calls per function, refused ones left out,
+//     copies by direction, memsets, device bytes and their peak; a dry run counts without running.
 #include "../cuda_emulator.h"
 
 #include <sys/wait.h>
@@ -436,6 +438,64 @@ int main() {
               "cublasSgemm: operands that run past their allocation fail");
     cudaDeviceReset();
     cublasDestroy(h);
+  }
+  {  // the counts `bench --count` prints, and the dry run that counts without running
+    const emu::Counts& n = emu::counts();
+    ck.expect(n.device_bytes == 0 && n.launches.empty(), "counts: cudaDeviceReset clears them (%zu device bytes)", n.device_bytes);
+    unsigned* a = device<unsigned>(1000);
+    float* b = device<float>(500);
+    ck.expect(n.device_bytes == 6000 && n.peak_device_bytes == 6000, "counts: 6000 device bytes allocated (%zu, peak %zu)", n.device_bytes,
+              n.peak_device_bytes);
+    cudaFree(a);
+    emu::reset_counts();
+    ck.expect(n.device_bytes == 2000 && n.peak_device_bytes == 2000, "counts: a reset starts the peak at what is allocated (%zu, peak %zu)",
+              n.device_bytes, n.peak_device_bytes);
+    unsigned* c = device<unsigned>(24 * 12);
+    cudaFree(c);
+    ck.expect(n.device_bytes == 2000 && n.peak_device_bytes == 2000 + 24 * 12 * 4, "counts: the peak outlives a cudaFree (%zu, peak %zu)",
+              n.device_bytes, n.peak_device_bytes);
+    c = device<unsigned>(24 * 12);
+    RUN(index_kernel, dim3(3, 2, 2), dim3(4, 3, 2), 0, c);
+    RUN(index_kernel, dim3(3, 2, 2), dim3(4, 3, 2), 0, c);
+    RUN(nothing_kernel, 1, 1025, 0, b);  // refused: not a launch
+    cudaGetLastError();
+    RUN(nothing_kernel, 1, 32, 0, b);
+    std::vector<float> h(500, 1.f);
+    cudaMemcpy(b, h.data(), 2000, cudaMemcpyHostToDevice);
+    cudaMemcpyAsync(b + 100, b, 400, cudaMemcpyDeviceToDevice);
+    cudaMemcpy(h.data(), b, 2000, cudaMemcpyDeviceToHost);
+    cudaMemcpy(h.data(), b, 2000, cudaMemcpyDeviceToHost);
+    cudaMemset(b, 0, 8);
+    cublasHandle_t blas;
+    cublasCreate(&blas);
+    const float one = 1, zero = 0;
+    cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, 4, 3, 2, &one, b, 4, b, 2, &zero, b + 100, 4);
+    cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, 4, 3, 2, &one, b, 3, b, 2, &zero, b + 100, 4);  // refused: lda < m
+    cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_N, 4, 3, 2, &one, b, 4, 8, b, 2, 6, &zero, b + 100, 4, 12, 3);
+    const auto count = [&](const std::map<std::string, size_t>& m, const char* k) { return m.count(k) ? m.at(k) : 0; };
+    ck.expect(count(n.launches, "index_kernel") == 2 && count(n.launches, "nothing_kernel") == 1 && n.launches.size() == 2,
+              "counts: 2 + 1 launches, the refused one left out (%zu index_kernel, %zu nothing_kernel)", count(n.launches, "index_kernel"),
+              count(n.launches, "nothing_kernel"));
+    ck.expect(n.to_device == 1 && n.on_device == 1 && n.to_host == 2 && n.memsets == 1,
+              "counts: copies by direction and memsets (to device %zu, on device %zu, to host %zu, memsets %zu)", n.to_device, n.on_device,
+              n.to_host, n.memsets);
+    ck.expect(count(n.blas_calls, "cublasSgemm") == 1 && count(n.blas_calls, "cublasSgemmStridedBatched") == 1,
+              "counts: a cuBLAS call is one, however many products; a refused one is none (%zu cublasSgemm, %zu strided)",
+              count(n.blas_calls, "cublasSgemm"), count(n.blas_calls, "cublasSgemmStridedBatched"));
+    const std::vector<unsigned> before = download(c, 24 * 12);
+    cudaMemset(c, 0xFF, 24 * 12 * 4);
+    const std::vector<float> product = download(b + 100, 12);
+    emu::state().dry_run = true;
+    RUN(index_kernel, dim3(3, 2, 2), dim3(4, 3, 2), 0, c);
+    cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, 4, 3, 2, &one, b + 8, 4, b, 2, &zero, b + 100, 4);
+    emu::state().dry_run = false;
+    const std::vector<unsigned> after = download(c, 24 * 12);
+    ck.expect(before[5] == 5 && after[5] == 0xFFFFFFFFu && download(b + 100, 12) == product && count(n.launches, "index_kernel") == 3 &&
+                  count(n.blas_calls, "cublasSgemm") == 2,
+              "counts: a dry run counts a launch and a product without running them (index 5 is %u, was %u)", after[5], before[5]);
+    cublasDestroy(blas);
+    cudaFree(b), cudaFree(c);
+    cudaDeviceReset();
   }
   return ck.finish();
 }
