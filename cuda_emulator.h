@@ -15,6 +15,8 @@
 //   - launches are refused as CUDA refuses them (cudaErrorInvalidConfiguration for more than 1024
 //     threads or a zero grid, cudaErrorInvalidValue for dynamic shared memory over 48 KiB unless raised
 //     with cudaFuncSetAttribute);
+//   - cuBLAS (cublasSgemm, cublasSgemmStridedBatched, cublasGemmEx on fp32 or bf16 operands) computes by
+//     cpu::gemm with cuBLAS's argument checks; TF32 math rounds fp32 operands as the tensor cores do;
 //   - device allocations are separate host allocations filled with NaN bytes (AddressSanitizer sees an
 //     access past their end; a read of memory nothing wrote shows as NaN); copies must stay inside them.
 // The order in which a block's threads run between two meeting points, and the order of the blocks, is
@@ -81,6 +83,24 @@ inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
 inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
+
+// bfloat16 (cuda_bf16.h): a float's sign, its 8 exponent bits and the top 7 of its mantissa.
+struct __nv_bfloat16 {
+  uint16_t bits;
+};
+inline __nv_bfloat16 __float2bfloat16(float f) {  // to nearest, ties to even; a NaN stays a (quiet) NaN
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  if ((b & 0x7fffffffu) > 0x7f800000u) return {(uint16_t)((b >> 16) | 0x40u)};
+  b += 0x7fffu + ((b >> 16) & 1u);
+  return {(uint16_t)(b >> 16)};
+}
+inline float __bfloat162float(__nv_bfloat16 h) {
+  const uint32_t b = (uint32_t)h.bits << 16;
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
 
 // ---- the runtime API's types -----------------------------------------------------------------------
 enum cudaError_t {
@@ -837,9 +857,14 @@ enum cublasStatus_t {
   CUBLAS_STATUS_ALLOC_FAILED = 3,
   CUBLAS_STATUS_INVALID_VALUE = 7,
   CUBLAS_STATUS_EXECUTION_FAILED = 13,
+  CUBLAS_STATUS_NOT_SUPPORTED = 15,
 };
 enum cublasOperation_t { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1, CUBLAS_OP_C = 2 };
 enum cublasMath_t { CUBLAS_DEFAULT_MATH = 0, CUBLAS_PEDANTIC_MATH = 2, CUBLAS_TF32_TENSOR_OP_MATH = 3 };
+enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_16BF = 14 };  // cublasGemmEx's operand types: these two
+using cudaDataType = cudaDataType_t;
+enum cublasComputeType_t { CUBLAS_COMPUTE_32F = 68 };  // and fp32 arithmetic
+enum cublasGemmAlgo_t { CUBLAS_GEMM_DEFAULT = -1 };
 struct cublasContext {
   cublasMath_t math = CUBLAS_DEFAULT_MATH;
 };
@@ -852,6 +877,7 @@ inline const char* cublasGetStatusString(cublasStatus_t s) {
     case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
     case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
     case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
   }
   return "CUBLAS_STATUS_UNKNOWN";
 }
@@ -872,28 +898,37 @@ inline cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t mode) {
 
 namespace emu {
 // A column-major operand of r rows and c columns with leading dimension ld, as a span of device memory.
-inline bool operand_inside(const char* call, const char* name, const float* p, int r, int c, int ld) {
+inline bool operand_inside(const char* call, const char* name, const void* p, size_t element, int r, int c, int ld) {
   if (r == 0 || c == 0) return true;
   std::string why;
-  if (inside(state().device_allocations, p, ((size_t)(c - 1) * ld + r) * sizeof(float), &why)) return true;
+  if (inside(state().device_allocations, p, ((size_t)(c - 1) * ld + r) * element, &why)) return true;
   fail_sticky(format("%s: %s (%d x %d, ld %d): ", call, name, r, c, ld) + why);
   return false;
 }
-// TF32: the operand's mantissa rounded to 10 bits (to nearest, ties to even), as the tensor cores read it.
-inline std::vector<float> tf32_copy(const float* p, int r, int c, int ld) {
-  std::vector<float> out(c == 0 ? 0 : (size_t)(c - 1) * ld + r);
+// An operand as the arithmetic reads it, in floats: a bf16 operand widened (exactly); an fp32 one under
+// TF32 math with its mantissa rounded to 10 bits (to nearest, ties to even), as the tensor cores read it;
+// otherwise nothing is copied (empty).
+inline std::vector<float> operand_floats(const void* p, cudaDataType_t type, bool tf32, int r, int c, int ld) {
+  std::vector<float> out;
+  if (type == CUDA_R_32F && !tf32) return out;
+  out.resize(c == 0 ? 0 : (size_t)(c - 1) * ld + r);
   for (size_t i = 0; i < out.size(); ++i) {
-    uint32_t b = to_bits(p[i]) & 0xffffffffu;
+    if (type == CUDA_R_16BF) {
+      out[i] = __bfloat162float(((const __nv_bfloat16*)p)[i]);
+      continue;
+    }
+    uint32_t b = to_bits(((const float*)p)[i]) & 0xffffffffu;
     if ((b & 0x7f800000u) != 0x7f800000u) b = (b + 0xfffu + ((b >> 13) & 1u)) & ~0x1fffu;
     out[i] = from_bits<float>(b);
   }
   return out;
 }
-// C = alpha op(A) op(B) + beta C, column-major (m x n, op(A) m x k). Row-major, C is C^T (n x m, ld ldc) and
-// C^T = op(B)^T op(A)^T, which cpu::gemm computes from the same memory with the transposes as given.
-inline cublasStatus_t sgemm(cublasHandle_t h, const char* call, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
-                            const float* alpha, const float* A, int lda, const float* B, int ldb, const float* beta, float* C, int ldc,
-                            bool count = true) {
+// C = alpha op(A) op(B) + beta C, column-major (m x n, op(A) m x k), C in fp32, A and B both fp32 or both
+// bf16, the arithmetic in fp32. Row-major, C is C^T (n x m, ld ldc) and C^T = op(B)^T op(A)^T, which
+// cpu::gemm computes from the same memory with the transposes as given.
+inline cublasStatus_t gemm(cublasHandle_t h, const char* call, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                           const float* alpha, const void* A, const void* B, cudaDataType_t type, int lda, int ldb, const float* beta,
+                           float* C, int ldc, bool count = true) {
   if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
   const bool at = ta != CUBLAS_OP_N, bt = tb != CUBLAS_OP_N;
   if (ta < CUBLAS_OP_N || ta > CUBLAS_OP_C || tb < CUBLAS_OP_N || tb > CUBLAS_OP_C || m < 0 || n < 0 || k < 0 ||
@@ -902,21 +937,21 @@ inline cublasStatus_t sgemm(cublasHandle_t h, const char* call, cublasOperation_
   if (state().sticky_error != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
   if (count) ++state().counts.blas_calls[call];
   if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
-  if (!operand_inside(call, "A", A, at ? k : m, at ? m : k, lda) || !operand_inside(call, "B", B, bt ? n : k, bt ? k : n, ldb) ||
-      !operand_inside(call, "C", C, m, n, ldc))
+  const size_t element = type == CUDA_R_16BF ? 2 : 4;
+  if (!operand_inside(call, "A", A, element, at ? k : m, at ? m : k, lda) ||
+      !operand_inside(call, "B", B, element, bt ? n : k, bt ? k : n, ldb) || !operand_inside(call, "C", C, 4, m, n, ldc))
     return CUBLAS_STATUS_EXECUTION_FAILED;
   if (state().dry_run) return CUBLAS_STATUS_SUCCESS;
-  std::vector<float> a32, b32;
-  if (h->math == CUBLAS_TF32_TENSOR_OP_MATH) {
-    a32 = tf32_copy(A, at ? k : m, at ? m : k, lda), b32 = tf32_copy(B, bt ? n : k, bt ? k : n, ldb);
-    A = a32.data(), B = b32.data();
-  }
+  const bool tf32 = h->math == CUBLAS_TF32_TENSOR_OP_MATH;
+  const std::vector<float> a = operand_floats(A, type, tf32, at ? k : m, at ? m : k, lda), b = operand_floats(B, type, tf32, bt ? n : k, bt ? k : n, ldb);
+  const float* fa = a.empty() ? (const float*)A : a.data();
+  const float* fb = b.empty() ? (const float*)B : b.data();
   if (*alpha == 1 && (*beta == 0 || *beta == 1)) {
-    cpu::gemm<float>(bt, at, n, m, k, B, ldb, A, lda, C, ldc, *beta == 1);
+    cpu::gemm<float>(bt, at, n, m, k, fb, ldb, fa, lda, C, ldc, *beta == 1);
     return CUBLAS_STATUS_SUCCESS;
   }
   std::vector<float> product((size_t)n * m);
-  cpu::gemm<float>(bt, at, n, m, k, B, ldb, A, lda, product.data(), m, false);
+  cpu::gemm<float>(bt, at, n, m, k, fb, ldb, fa, lda, product.data(), m, false);
   for (int j = 0; j < n; ++j)
     for (int i = 0; i < m; ++i) {
       float& c = C[(size_t)j * ldc + i];
@@ -928,16 +963,26 @@ inline cublasStatus_t sgemm(cublasHandle_t h, const char* call, cublasOperation_
 
 inline cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const float* alpha,
                                   const float* A, int lda, const float* B, int ldb, const float* beta, float* C, int ldc) {
-  return emu::sgemm(h, "cublasSgemm", ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+  return emu::gemm(h, "cublasSgemm", ta, tb, m, n, k, alpha, A, B, CUDA_R_32F, lda, ldb, beta, C, ldc);
 }
 inline cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
                                                 const float* alpha, const float* A, int lda, long long stride_a, const float* B, int ldb,
                                                 long long stride_b, const float* beta, float* C, int ldc, long long stride_c, int batches) {
   if (batches < 0) return CUBLAS_STATUS_INVALID_VALUE;
   for (int i = 0; i < batches; ++i) {
-    const cublasStatus_t s = emu::sgemm(h, "cublasSgemmStridedBatched", ta, tb, m, n, k, alpha, A + i * stride_a, lda, B + i * stride_b,
-                                        ldb, beta, C + i * stride_c, ldc, i == 0);  // one call, counted once
+    const cublasStatus_t s = emu::gemm(h, "cublasSgemmStridedBatched", ta, tb, m, n, k, alpha, A + i * stride_a, B + i * stride_b,
+                                       CUDA_R_32F, lda, ldb, beta, C + i * stride_c, ldc, i == 0);  // one call, counted once
     if (s != CUBLAS_STATUS_SUCCESS) return s;
   }
   return CUBLAS_STATUS_SUCCESS;
+}
+// cublasGemmEx for what the GPU section asks of it: A and B both fp32 or both bf16, C fp32, fp32 arithmetic
+// (CUBLAS_COMPUTE_32F); any other combination is CUBLAS_STATUS_NOT_SUPPORTED here.
+inline cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void* alpha,
+                                   const void* A, cudaDataType_t a_type, int lda, const void* B, cudaDataType_t b_type, int ldb,
+                                   const void* beta, void* C, cudaDataType_t c_type, int ldc, cublasComputeType_t compute,
+                                   cublasGemmAlgo_t) {
+  if (a_type != b_type || (a_type != CUDA_R_32F && a_type != CUDA_R_16BF) || c_type != CUDA_R_32F || compute != CUBLAS_COMPUTE_32F)
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  return emu::gemm(h, "cublasGemmEx", ta, tb, m, n, k, (const float*)alpha, A, B, a_type, lda, ldb, (const float*)beta, (float*)C, ldc);
 }

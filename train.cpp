@@ -43,7 +43,8 @@ struct Options {
   double time_limit = -1;    // seconds; -1: none (Multi30k), 175 (number corpus)
   std::string device;  // "": cuda when a GPU is present, else cpu
   uint64_t seed = 1;
-  bool resume = false, bpe_only = false, quiet = false, tf32 = false;
+  bool resume = false, bpe_only = false, quiet = false;
+  std::string precision;  // "": default_precision() on the GPU
   double checkpoint_minutes = -1;  // 10; 0: one checkpoint at the end of every epoch (--checkpoint-every epoch)
   int patience = -1;               // validations without a better validation loss before stopping; 0: never
   int keep = -1, average = -1;     // 5 and 0 (none)
@@ -89,7 +90,9 @@ void usage() {
       "  --epochs N --max-steps N --time-limit SECONDS   stop at the first reached (default: 40 epochs on\n"
       "                         Multi30k; 8000 steps for multi30k; 175 s on numbers)\n"
       "  --device cpu|cuda      (default: cuda when a GPU is present, else cpu)\n"
-      "  --tf32                 GPU matrix products in TF32 tensor-core math (faster; default fp32)\n"
+      "  --precision fp32|tf32|bf16  the GPU's matrix products: fp32 (the reference), TF32 or bf16 tensor\n"
+      "                         cores (mixed precision: fp32 parameters, gradients and Adam) (default bf16\n"
+      "                         on a GPU that has it, else fp32)\n"
       "  --seed N               initialisation, dropout and batch order (default 1)\n"
       "  --out DIR              run folder: vocab.bpe, ckpt-*.bin, model.bin, log.csv, curves.svg\n"
       "                         (default runs/multi30k-SRC-TGT or runs/numbers)\n"
@@ -161,6 +164,14 @@ Options parse(int argc, char** argv) {
     else if (a == "--max-steps") o.max_steps = to_long(a, value(), 1, LONG_MAX);
     else if (a == "--time-limit") o.time_limit = to_double(a, value(), 1, 1e9);
     else if (a == "--device") o.device = value();
+    else if (a == "--precision") {
+      o.precision = value();
+      try {
+        parse_precision(o.precision);
+      } catch (const std::runtime_error& e) {
+        fail(e.what());
+      }
+    }
     else if (a == "--seed") o.seed = (uint64_t)to_long(a, value(), 0, LONG_MAX);
     else if (a == "--out") o.out = value();
     else if (a == "--resume") o.resume = true;
@@ -174,7 +185,6 @@ Options parse(int argc, char** argv) {
     else if (a == "--val-sentences") o.val_sentences = (int)to_long(a, value(), 0, 10000000);
     else if (a == "--log-every") o.log_every = (int)to_long(a, value(), 1, 1000000);
     else if (a == "--quiet") o.quiet = true;
-    else if (a == "--tf32") o.tf32 = true;
     else if (a == "--accumulate") o.accumulate = (int)to_long(a, value(), 1, 4096);
     else if (a == "--collective-timeout") o.collective_timeout = to_double(a, value(), 0.1, 1e7);
     else if (a == "--check-every") o.check_every = to_long(a, value(), 1, LONG_MAX);
@@ -713,12 +723,14 @@ int main(int argc, char** argv) {
     model = std::make_unique<Transformer<float>>(cfg, o.seed);
   }
   Transformer<float>& m = *model;
-  if (o.tf32 && o.device != "cuda") fail("--tf32 is a GPU option: it needs --device cuda");
+  if (!o.precision.empty() && o.device != "cuda") fail("--precision is a GPU option: it needs --device cuda");
   if (o.device == "cuda") {
     try {
       ranks.choose_gpu();
       transformer_to_device(m, Device::cuda);
-      set_tf32(o.tf32);
+      const Precision p = o.precision.empty() ? default_precision() : parse_precision(o.precision);
+      set_precision(p);
+      o.precision = precision_name(p);
     } catch (const std::runtime_error& e) {
       fail(e.what());
     }
@@ -760,7 +772,7 @@ int main(int argc, char** argv) {
   std::printf("model: N=%d D=%d F=%d H=%d V=%d, %s, %.2fM parameters, dropout %.2f, label smoothing %.2f, device %s%s; "
               "peak %smemory %.0f MB (a step on the largest batch)\n",
               cfg.N, cfg.D, cfg.F, cfg.H, cfg.V, cfg.pre_ln ? "pre-LN" : "post-LN", m.params.size() / 1e6, cfg.p_drop, cfg.eps_ls,
-              o.device.c_str(), o.device == "cuda" ? (" (" + gpu_name() + (o.tf32 ? ", TF32)" : ")")).c_str() : "",
+              o.device.c_str(), o.device == "cuda" ? (" (" + gpu_name() + ", " + o.precision + " products)").c_str() : "",
               o.device == "cuda" ? "host " : "", usage.ru_maxrss / 1024.0);
 
   // the log: rows of an interrupted run before the resume point are kept

@@ -293,14 +293,14 @@ template <typename T> void dropout_forward(T* out, const T* in, DropoutKey key, 
     if (out != in) std::memcpy(out, in, n * sizeof(T));
     return;
   }
-  const T scale = T(1.0 / (1.0 - key.p));
+  const T scale = T(dropout_scale(key));
 #pragma omp parallel for if (n > 100000)
   for (size_t i = 0; i < n; ++i) out[i] = dropout_keeps(key, i) ? in[i] * scale : T(0);
 }
 
 template <typename T> void dropout_backward(T* din, const T* dout, DropoutKey key, size_t n) {
   // forward was: out = in * keep / (1 - p); so now: din += dout * keep / (1 - p)
-  const T scale = key.p == 0 ? T(1) : T(1.0 / (1.0 - key.p));
+  const T scale = T(dropout_scale(key));
 #pragma omp parallel for if (n > 100000)
   for (size_t i = 0; i < n; ++i)
     if (key.p == 0 || dropout_keeps(key, i)) din[i] += dout[i] * scale;
@@ -313,7 +313,7 @@ void attention_forward(T* ctx, T* p, const T* q, const T* k, const T* v, const u
                        bool causal, DropoutKey drop, int B, int Lq, int Lk, int D, int H) {
   const int Dk = D / H;
   const T scale = T(1) / std::sqrt(T(Dk));
-  const T keep_scale = T(1.0 / (1.0 - drop.p));
+  const T keep_scale = T(dropout_scale(drop));
 #pragma omp parallel for collapse(2) schedule(static)
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < H; ++h)
@@ -1797,6 +1797,20 @@ template std::vector<const void*> instantiate_for<double>();
 template struct Transformer<float>;
 template struct Transformer<double>;
 
+const char* precision_name(Precision p) {
+  switch (p) {
+    case Precision::fp32: return "fp32";
+    case Precision::tf32: return "tf32";
+    case Precision::bf16: return "bf16";
+  }
+  return "?";
+}
+Precision parse_precision(const std::string& name) {
+  for (Precision p : {Precision::fp32, Precision::tf32, Precision::bf16})
+    if (name == precision_name(p)) return p;
+  throw std::runtime_error("--precision " + name + ": expected fp32, tf32 or bf16");
+}
+
 // ---- the GPU path ----------------------------------------------------------------------------------
 // Kernels and cuBLAS for every operation of namespace cpu, same names and argument order, float on device
 // pointers; test/parity_gpu.cpp holds each one to its CPU definition. Compiled by nvcc, or by g++ against
@@ -1809,6 +1823,7 @@ constexpr bool kEmulatedGpu = true;
 #define KERNEL_LAUNCH(kernel, grid, block, shared, ...) ::emu::launch(#kernel, kernel, grid, block, shared, __VA_ARGS__)
 #else
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 constexpr bool kEmulatedGpu = false;
 #define KERNEL_LAUNCH(kernel, grid, block, shared, ...) kernel<<<grid, block, shared>>>(__VA_ARGS__)
@@ -1858,6 +1873,11 @@ static cublasHandle_t blas() {
     return handle;
   }();
   return h;
+}
+// The matrix products' precision (set_precision): fp32 until a program asks for another.
+static Precision& products() {
+  static Precision p = Precision::fp32;
+  return p;
 }
 
 
@@ -1924,13 +1944,94 @@ constexpr int kRowThreads = 256;  // threads of the one-block-per-row kernels (b
 // its block has 64 threads (a power of 2 that divides kRowThreads), so that fewer of them sit idle.
 constexpr int kAttentionThreads = 64;
 
+// ---- bf16 operands (mixed precision): what the tensor cores read in bf16 precision ------------------
+// The parameters keep a bf16 copy (keep_bf16_copy), which adam_update rewrites in its pass; any other
+// operand, an activation or a gradient, is rounded into a scratch buffer on its way into the product.
+using bf16 = __nv_bfloat16;
+__global__ void to_bf16_kernel(bf16* out, const float* in, size_t n) { GRID_STRIDE(i, n) out[i] = __float2bfloat16(in[i]); }
+struct Bf16Copy {
+  const float* base;
+  bf16* copy;
+  size_t n;
+};
+static std::vector<Bf16Copy>& bf16_copies() {
+  static std::vector<Bf16Copy> copies;
+  return copies;
+}
+// The bf16 copy of p's element, if p lies in a buffer that has one.
+static bf16* bf16_copy_of(const float* p) {
+  for (const Bf16Copy& c : bf16_copies())
+    if (p >= c.base && p < c.base + c.n) return c.copy + (p - c.base);
+  return nullptr;
+}
+void keep_bf16_copy(const float* p, size_t n) {
+  if (bf16_copy_of(p)) return;
+  bf16* copy = alloc_of<bf16>(n);
+  if (n) LAUNCH(to_bf16_kernel, blocks_for(n), 256, 0, copy, p, n);
+  bf16_copies().push_back({p, copy, n});
+}
+void drop_bf16_copy(const float* p) {
+  auto& v = bf16_copies();
+  for (auto it = v.begin(); it != v.end(); ++it)
+    if (it->base == p) {
+      CUDA_CHECK(cudaFree(it->copy));
+      v.erase(it);
+      return;
+    }
+}
+std::vector<float> bf16_copy(const float* p, size_t n) {
+  const bf16* c = bf16_copy_of(p);
+  if (!c) throw std::logic_error("bf16_copy: the buffer has no bf16 copy");
+  std::vector<bf16> h(n);
+  CUDA_CHECK(cudaMemcpy(h.data(), c, n * sizeof(bf16), cudaMemcpyDeviceToHost));
+  std::vector<float> out(n);
+  for (size_t i = 0; i < n; ++i) out[i] = __bfloat162float(h[i]);
+  return out;
+}
+// Scratch for rounded operands, two slots (a product's two operands), grown when a larger one is needed.
+static bf16* bf16_scratch(int slot, size_t n) {
+  static bf16* p[2] = {nullptr, nullptr};
+  static size_t size[2] = {0, 0};
+  if (n > size[slot]) {
+    if (p[slot]) release(p[slot]);
+    p[slot] = nullptr, size[slot] = 0;  // if the allocation fails
+    p[slot] = alloc_of<bf16>(n), size[slot] = n;
+  }
+  return p[slot];
+}
+// An operand of a product: its fp32 elements, and in bf16 precision its bf16 ones (else null).
+struct Operand {
+  const float* f;
+  const bf16* h;
+};
+// The operand of `extent` elements at p (a row-major matrix's (rows - 1) * ld + cols) as the product reads it.
+static Operand operand(const float* p, size_t extent, int slot) {
+  if (products() != Precision::bf16 || extent == 0) return {p, nullptr};
+  if (const bf16* c = bf16_copy_of(p)) return {p, c};
+  bf16* s = bf16_scratch(slot, extent);
+  LAUNCH(to_bf16_kernel, blocks_for(extent), 256, 0, s, p, extent);
+  return {p, s};
+}
+static size_t extent(int rows, int cols, int ld) { return rows == 0 || cols == 0 ? 0 : (size_t)(rows - 1) * ld + cols; }
+
 // ---- matrix products: cuBLAS is column-major, so C^T = op(B)^T op(A)^T is computed ------------------
+// Both operands in bf16: cublasGemmEx on the tensor cores, fp32 sums; otherwise SGEMM (fp32, or TF32 math).
+static void gemm_operands(bool ta, bool tb, int M, int N, int K, Operand A, int lda, Operand B, int ldb, float* C, int ldc,
+                          bool accumulate) {
+  if (M == 0 || N == 0) return;
+  const float one = 1, beta = accumulate ? 1.f : 0.f;
+  const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  if (A.h && B.h)
+    CUBLAS_CHECK(cublasGemmEx(blas(), opb, opa, N, M, K, &one, B.h, CUDA_R_16BF, ldb, A.h, CUDA_R_16BF, lda, &beta, C, CUDA_R_32F, ldc,
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  else
+    CUBLAS_CHECK(cublasSgemm(blas(), opb, opa, N, M, K, &one, B.f, ldb, A.f, lda, &beta, C, ldc));
+}
 void gemm(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc,
           bool accumulate) {
   if (M == 0 || N == 0) return;
-  const float one = 1, beta = accumulate ? 1.f : 0.f;
-  CUBLAS_CHECK(cublasSgemm(blas(), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &one, B, ldb, A, lda,
-                           &beta, C, ldc));
+  gemm_operands(ta, tb, M, N, K, operand(A, ta ? extent(K, M, lda) : extent(M, K, lda), 0), lda,
+                operand(B, tb ? extent(N, K, ldb) : extent(K, N, ldb), 1), ldb, C, ldc, accumulate);
 }
 
 __global__ void add_bias_kernel(float* out, const float* b, size_t M, int O) { GRID_STRIDE(i, M * O) out[i] += b[i % O]; }
@@ -1955,9 +2056,10 @@ void linear_forward(float* out, const float* in, const float* w, const float* b,
 
 void linear_backward(float* din, float* dw, float* db, const float* dout, const float* in, const float* w, int M, int I, int O) {
   // forward was: out = in @ w + b; so now: din += dout @ w^T, dw += in^T @ dout, db += sum_rows dout
-  if (din) gemm(false, true, M, I, O, dout, O, w, O, din, I, true);
-  if (dw) gemm(true, false, I, O, M, in, I, dout, O, dw, O, true);
-  if (db && M > 0) gemm(false, false, 1, O, M, ones(M), M, dout, O, db, O, true);  // db += ones^T @ dout
+  const Operand d = operand(dout, (size_t)M * O, 0);  // rounded once (bf16) for both products
+  if (din) gemm_operands(false, true, M, I, O, d, O, operand(w, (size_t)I * O, 1), O, din, I, true);
+  if (dw) gemm_operands(true, false, I, O, M, operand(in, (size_t)M * I, 1), I, d, O, dw, O, true);
+  if (db && M > 0) gemm_operands(false, false, 1, O, M, {ones(M), nullptr}, M, {dout, nullptr}, O, db, O, true);  // ones^T @ dout, fp32
 }
 
 // ---- §5.4 dropout: the same hash as the CPU (dropout_keeps) -----------------------------------------
@@ -1969,11 +2071,11 @@ __global__ void dropout_backward_kernel(float* din, const float* dout, DropoutKe
 }
 void dropout_forward(float* out, const float* in, DropoutKey key, size_t n) {
   if (n == 0 || (key.p == 0 && out == in)) return;
-  LAUNCH(dropout_forward_kernel, blocks_for(n), 256, 0, out, in, key, n, key.p == 0 ? 1.f : (float)(1.0 / (1.0 - key.p)));
+  LAUNCH(dropout_forward_kernel, blocks_for(n), 256, 0, out, in, key, n, (float)dropout_scale(key));
 }
 void dropout_backward(float* din, const float* dout, DropoutKey key, size_t n) {
   if (n == 0) return;
-  LAUNCH(dropout_backward_kernel, blocks_for(n), 256, 0, din, dout, key, n, key.p == 0 ? 1.f : (float)(1.0 / (1.0 - key.p)));
+  LAUNCH(dropout_backward_kernel, blocks_for(n), 256, 0, din, dout, key, n, (float)dropout_scale(key));
 }
 
 // ---- §3.4, §3.5 embeddings -------------------------------------------------------------------------
@@ -2052,7 +2154,7 @@ __global__ void attention_backward_kernel(float* dq, float* dk, float* dv, const
   float* dsh = dynamic_shared<float>();
   __shared__ float red[kRowThreads];
   const int i = blockIdx.x % Lq, h = (blockIdx.x / Lq) % H, b = blockIdx.x / (Lq * H), Dk = D / H;
-  const float scale = rsqrtf((float)Dk), keep_scale = (float)(1.0 / (1.0 - drop.p));
+  const float scale = rsqrtf((float)Dk), keep_scale = (float)dropout_scale(drop);
   const size_t row = (size_t)blockIdx.x * Lk;
   const float* pr = p + row;
   const float* dci = dctx + ((size_t)b * Lq + i) * D + h * Dk;
@@ -2134,7 +2236,14 @@ void multihead_attention_backward(float* dxq, float* dxkv, const AttentionWeight
 }
 
 // ---- [Eq. 2, §3.3] the feed-forward network ----------------------------------------------------------
-__global__ void relu_kernel(float* h, const float* hpre, size_t n) { GRID_STRIDE(i, n) h[i] = hpre[i] > 0 ? hpre[i] : 0.f; }
+// After the first product (hpre = in W1): the bias, the ReLU and the dropout in one pass, not three.
+__global__ void bias_relu_dropout_kernel(float* hpre, float* h, const float* b, DropoutKey drop, size_t M, int F, float scale) {
+  GRID_STRIDE(i, M * F) {
+    const float x = hpre[i] + b[i % F];
+    hpre[i] = x;
+    h[i] = x > 0 && (drop.p == 0 || dropout_keeps(drop, i)) ? x * scale : 0.f;
+  }
+}
 __global__ void relu_backward_kernel(float* dh, const float* hpre, DropoutKey drop, size_t n, float scale) {
   GRID_STRIDE(i, n) {
     const bool pass = hpre[i] > 0 && (drop.p == 0 || dropout_keeps(drop, i));
@@ -2145,9 +2254,9 @@ __global__ void relu_backward_kernel(float* dh, const float* hpre, DropoutKey dr
 void ffn_forward(float* out, const FfnActs<float>& a, const float* in, const FfnWeights<float>& w, DropoutKey relu_drop,
                  int M, int D, int F) {
   const size_t n = (size_t)M * F;
-  linear_forward(a.hpre, in, w.w1, w.b1, M, D, F);
-  LAUNCH(relu_kernel, blocks_for(n), 256, 0, a.h, a.hpre, n);
-  dropout_forward(a.h, a.h, relu_drop, n);
+  gemm(false, false, M, F, D, in, D, w.w1, F, a.hpre, F, false);  // hpre = in W1, then + b1, ReLU, dropout
+  LAUNCH(bias_relu_dropout_kernel, blocks_for(n), 256, 0, a.hpre, a.h, w.b1, relu_drop, (size_t)M, F,
+         (float)dropout_scale(relu_drop));
   linear_forward(out, a.h, w.w2, w.b2, M, F, D);
 }
 
@@ -2156,7 +2265,7 @@ void ffn_backward(float* din, const FfnWeights<float>& dw, float* dh, const floa
   const size_t n = (size_t)M * F;
   fill(dh, 0, n);
   linear_backward(dh, dw.w2, dw.b2, dout, a.h, w.w2, M, F, D);
-  LAUNCH(relu_backward_kernel, blocks_for(n), 256, 0, dh, a.hpre, relu_drop, n, relu_drop.p > 0 ? (float)(1.0 / (1.0 - relu_drop.p)) : 1.f);
+  LAUNCH(relu_backward_kernel, blocks_for(n), 256, 0, dh, a.hpre, relu_drop, n, (float)dropout_scale(relu_drop));
   linear_backward(din, dw.w1, dw.b1, dh, in, w.w1, M, D, F);
 }
 
@@ -2247,8 +2356,9 @@ void output_projection_forward(float* logits, const float* y, const float* emb, 
 void output_projection_backward(float* dy, float* demb, const float* dlogits, const float* y, const float* emb, int M, int D,
                                 int V) {
   // forward was: logits = y @ emb^T; so now: dy += dlogits @ emb, demb += dlogits^T @ y
-  gemm(false, false, M, D, V, dlogits, V, emb, D, dy, D, true);
-  gemm(true, false, V, D, M, dlogits, V, y, D, demb, D, true);
+  const Operand d = operand(dlogits, (size_t)M * V, 0);  // rounded once (bf16) for both products
+  gemm_operands(false, false, M, D, V, d, V, operand(emb, (size_t)V * D, 1), D, dy, D, true);
+  gemm_operands(true, false, V, D, M, d, V, operand(y, (size_t)M * D, 1), D, demb, D, true);
 }
 
 // ---- §5.4 label-smoothed cross-entropy: softmax and loss fused, one block per row -------------------
@@ -2319,19 +2429,23 @@ void label_smoothed_xent_backward(float* dlogits, const float* logits, const flo
 }
 
 // ---- §5.3 Adam over the whole buffer, the gradient norm ---------------------------------------------
-__global__ void adam_kernel(float* params, const float* grads, float* m, float* v, size_t n, double lr, double beta1, double beta2,
-                            double eps, double c1, double c2) {
+// The parameters' bf16 copy, where they have one, is written in the same pass.
+__global__ void adam_kernel(float* params, bf16* copy, const float* grads, float* m, float* v, size_t n, double lr, double beta1,
+                            double beta2, double eps, double c1, double c2) {
   GRID_STRIDE(i, n) {
     m[i] = (float)(beta1 * m[i] + (1 - beta1) * grads[i]);
     v[i] = (float)(beta2 * v[i] + (1 - beta2) * (double)grads[i] * grads[i]);
     const double mhat = m[i] / c1, vhat = v[i] / c2;
     params[i] -= (float)(lr * mhat / (sqrt(vhat) + eps));
+    if (copy) copy[i] = __float2bfloat16(params[i]);
   }
 }
 void adam_update(float* params, const float* grads, float* m, float* v, size_t n, double lr, double beta1, double beta2,
                  double eps, long t) {
   const double c1 = 1 - std::pow(beta1, (double)t), c2 = 1 - std::pow(beta2, (double)t);
-  if (n) LAUNCH(adam_kernel, blocks_for(n), 256, 0, params, grads, m, v, n, lr, beta1, beta2, eps, c1, c2);
+  bf16* copy = bf16_copy_of(params);
+  if (copy && bf16_copy_of(params + n - 1) != copy + n - 1) throw std::logic_error("adam_update: over part of a buffer's bf16 copy");
+  if (n) LAUNCH(adam_kernel, blocks_for(n), 256, 0, params, copy, grads, m, v, n, lr, beta1, beta2, eps, c1, c2);
 }
 
 __global__ void square_sum_kernel(double* out, const float* g, size_t n) {
@@ -2431,9 +2545,14 @@ class GpuModel : public DeviceModel {
     gpu::upload(adam_v, m.adam_v.data(), n);
     parameter_layout<float>(m.cfg, params, &W, nullptr);
     parameter_layout<float>(m.cfg, grads, &G, nullptr);
+    gpu::keep_bf16_copy(params, n);  // read by the products in bf16 precision, kept current by Adam
     CUDA_CHECK(cudaEventCreateWithFlags(&uploaded, cudaEventDisableTiming));
   }
   ~GpuModel() override {  // no throwing from here: errors are ignored
+    try {
+      gpu::drop_bf16_copy(params);
+    } catch (...) {
+    }
     for (void* p : {(void*)params, (void*)grads, (void*)adam_m, (void*)adam_v, (void*)arena, (void*)ids, (void*)valid}) cudaFree(p);
     cudaFreeHost(staged_ids), cudaFreeHost(staged_valid), cudaEventDestroy(uploaded);
   }
@@ -2536,9 +2655,19 @@ static std::unique_ptr<DeviceModel> make_gpu_model(Transformer<float>& m) {
                              std::to_string(gpu::kMaxKeysBackward) + " (use a smaller --max-len or --device cpu)");
   return std::make_unique<GpuModel>(m);
 }
-void set_tf32(bool on) {
-  if (!gpu_available()) throw std::runtime_error("--tf32: no GPU is present");
-  CUBLAS_CHECK(cublasSetMathMode(gpu::blas(), on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH));
+static bool gpu_has_bf16() {
+  cudaDeviceProp prop;
+  return gpu_available() && cudaGetDeviceProperties(&prop, 0) == cudaSuccess && prop.major >= 8;  // Ampere and later
+}
+Precision default_precision() { return gpu_has_bf16() ? Precision::bf16 : Precision::fp32; }
+void set_precision(Precision p) {
+  const std::string flag = std::string("--precision ") + precision_name(p);
+  if (!gpu_available()) throw std::runtime_error(flag + ": no GPU is present");
+  if (p == Precision::bf16 && !gpu_has_bf16()) throw std::runtime_error(flag + ": this GPU has no bf16 tensor cores (before compute capability 8.0)");
+  gpu::products() = p;
+  // TF32: SGEMM on the tensor cores; bf16: cublasGemmEx needs the default math; fp32: pedantic, no TF32
+  CUBLAS_CHECK(cublasSetMathMode(gpu::blas(), p == Precision::tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
+                                            : p == Precision::bf16 ? CUBLAS_DEFAULT_MATH : CUBLAS_PEDANTIC_MATH));
 }
 #else
 bool gpu_available() { return false; }  // compiled by g++ without the emulator: no CUDA path in this build
@@ -2547,7 +2676,10 @@ std::string gpu_name() { return ""; }
 static std::unique_ptr<DeviceModel> make_gpu_model(Transformer<float>&) {
   throw std::runtime_error("--device cuda: this build has no CUDA path (built with CPU=1 or without nvcc); use --device cpu");
 }
-void set_tf32(bool) { throw std::runtime_error("--tf32: this build has no CUDA path (built with CPU=1 or without nvcc)"); }
+Precision default_precision() { return Precision::fp32; }
+void set_precision(Precision p) {
+  throw std::runtime_error(std::string("--precision ") + precision_name(p) + ": this build has no CUDA path (built with CPU=1 or without nvcc)");
+}
 #endif
 
 void transformer_download(Transformer<float>& m) {

@@ -131,6 +131,8 @@ DropoutKey dropout_key(uint64_t seed, long step, uint32_t site, double p);
 inline HOST_DEVICE bool dropout_keeps(const DropoutKey& key, size_t i) {
   return (double)(mix64(key.stream ^ (uint64_t)i) >> 40) * (1.0 / 16777216.0) >= key.p;
 }
+// [§5.4] What a kept element is multiplied by (inverted dropout): 1 / (1 - p), 1 when the site is off.
+inline HOST_DEVICE double dropout_scale(const DropoutKey& key) { return key.p > 0 ? 1.0 / (1.0 - key.p) : 1.0; }
 
 // ---- activations saved by forward ------------------------------------------------------------------
 template <typename T> struct AttentionActs { T *q, *k, *v, *p, *ctx; };  // (B,Lq,D) (B,Lk,D)x2 (B,H,Lq,Lk) (B,Lq,D)
@@ -435,9 +437,15 @@ bool gpu_available();
 bool gpu_emulated();
 // The GPU's name as the runtime gives it ("" without a CUDA path or GPU), for the programs' model line.
 std::string gpu_name();
-// The GPU's matrix products in TF32 tensor-core math (a speed option: 10-bit mantissas in the products)
-// or, the default and the reference, pedantic fp32. Throws std::runtime_error without a GPU.
-void set_tf32(bool on);
+// The GPU's matrix products: fp32 (pedantic: the reference, which the parity tests hold to the CPU), TF32
+// (SGEMM on the tensor cores: 10-bit mantissas in the products) or bf16 (mixed precision: bf16 operands on
+// the tensor cores, fp32 sums; the parameters, gradients, Adam and everything outside the products stay
+// fp32). set_precision throws std::runtime_error without a GPU, or for bf16 on a GPU without it.
+enum class Precision { fp32, tf32, bf16 };
+const char* precision_name(Precision p);
+Precision parse_precision(const std::string& name);  // "fp32", "tf32" or "bf16"; anything else throws
+Precision default_precision();                       // bf16 on a GPU that has it (compute capability 8.0+), else fp32
+void set_precision(Precision p);
 enum class Device { cpu, cuda };
 // Moves training to a device: to cuda, one upload of the parameters, gradients and Adam state (throws
 // std::runtime_error when this build has no CUDA path or no GPU is present); to cpu, one download.
@@ -468,6 +476,12 @@ void download(float* dst, const float* src, size_t n);
 void fill(float* p, float value, size_t n);
 void synchronize();
 
+// A bf16 copy of the n floats at p (the parameters), which adam_update keeps current and the products read
+// in bf16 precision; bf16_copy gives its elements (for the tests).
+void keep_bf16_copy(const float* p, size_t n);
+void drop_bf16_copy(const float* p);
+std::vector<float> bf16_copy(const float* p, size_t n);
+// In bf16 precision the operands are rounded to bf16 (a parameter's copy is used where it has one).
 void gemm(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc,
           bool accumulate);
 void embedding_forward(float* out, const int* ids, const float* emb, int B, int L, int D, int first_pos = 0);

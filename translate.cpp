@@ -33,6 +33,7 @@ namespace {
 
 struct Options {
   std::string model, vocab, input, output, ref, score, attention, device;  // device "": cuda when a GPU is present
+  std::string precision;  // the GPU's products; "": default_precision()
   DecodeOptions decode;
   bool greedy = false, lowercase = false, stats = false, interactive = false;
   bool beam_given = false, alpha_given = false;  // on the command line (else decoding.txt's, if any)
@@ -60,6 +61,7 @@ void usage(FILE* f) {
                "                       'ID ||| translation ||| score ||| log-prob', IDs from 0 (the input line - 1)\n"
                "  --batch N            sentences decoded together (default 32 on the CPU, 200 on the GPU)\n"
                "  --device cpu|cuda    where to decode (default: cuda when a GPU is present, else cpu)\n"
+               "  --precision fp32|tf32|bf16  the GPU's matrix products (default bf16 on a GPU that has it, else fp32)\n"
                "  --ref FILE           reference translations: print sacreBLEU's BLEU on stderr\n"
                "  --score FILE         score FILE against --ref (no model)\n"
                "  --lowercase          case-insensitive BLEU\n"
@@ -129,6 +131,14 @@ Options parse(int argc, char** argv) {
     else if (a == "--n-best") o.decode.n_best = to_int(a, value());
     else if (a == "--batch") o.batch = to_int(a, value());
     else if (a == "--device") o.device = value();
+    else if (a == "--precision") {
+      o.precision = value();
+      try {
+        parse_precision(o.precision);
+      } catch (const std::runtime_error& e) {
+        fail(e.what());
+      }
+    }
     else if (a == "--ref") o.ref = value();
     else if (a == "--score") o.score = value();
     else if (a == "--lowercase") o.lowercase = true;
@@ -419,7 +429,11 @@ int main(int argc, char** argv) {
     if (o.attention_layer > m.cfg.N) fail("--attention-layer " + std::to_string(o.attention_layer) + ": the model has " + std::to_string(m.cfg.N) + " layers");
     if (o.attention_head > m.cfg.H) fail("--attention-head " + std::to_string(o.attention_head) + ": the model has " + std::to_string(m.cfg.H) + " heads");
     if (o.device.empty()) o.device = gpu_available() && !gpu_emulated() ? "cuda" : "cpu";
-    if (o.device == "cuda") transformer_to_device(m, Device::cuda);  // decoding and its K/V caches on the GPU
+    if (!o.precision.empty() && o.device != "cuda") fail("--precision is a GPU option: it needs --device cuda");
+    if (o.device == "cuda") {
+      transformer_to_device(m, Device::cuda);  // decoding and its K/V caches on the GPU
+      set_precision(o.precision.empty() ? default_precision() : parse_precision(o.precision));
+    }
     if (o.batch < 0) o.batch = o.device == "cuda" ? 200 : 32;
 
     const std::string input_name = o.input.empty() ? "stdin" : o.input;

@@ -1,9 +1,9 @@
 // bench: one training step (forward, backward, Adam) of a model on a fixed batch of random sentence
 // pairs, dropout on, timed after warm-up steps. Run by `make bench` (test/bench.sh), not by CTest.
-//   bench --config base --batch 256 --len 32 [--steps 5] [--warmup 2] [--device cpu|cuda] [--tf32]
+//   bench --config base --batch 256 --len 32 [--steps 5] [--warmup 2] [--device cpu|cuda] [--precision fp32|tf32|bf16]
 // prints: STEP config=base device=cpu B=256 L=32 step_ms=... tgt_tok_per_s=...
 // On the GPU the timed steps end with a device synchronisation, so queued work is counted.
-//   bench --count --config small --batch 256 --len 32 [--tf32]   (built against the emulated GPU)
+//   bench --count --config small --batch 256 --len 32 [--precision P]   (built against the emulated GPU)
 // counts instead of timing: what one training step after the warm-up asks of the GPU, as the emulated
 // GPU sees it: COUNT launches=... cublas=... to_device=... to_host=... on_device=... memsets=...
 // device_MiB=... (allocated at the step's end) peak_MiB=... (the most at once during it), then one
@@ -20,13 +20,13 @@
 #endif
 
 int main(int argc, char** argv) {
-  std::string config = "base", device = "cpu";
+  std::string config = "base", device = "cpu", precision = "fp32";
   int B = 256, L = 32, steps = 5, warmup = 2;
-  bool tf32 = false, count = false;
+  bool count = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--tf32" || a == "--count") {
-      (a == "--tf32" ? tf32 : count) = true;
+    if (a == "--count") {
+      count = true;
       continue;
     }
     if (i + 1 == argc) {
@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
     std::string v = argv[++i];
     if (a == "--config") config = v;
     else if (a == "--device") device = v;
+    else if (a == "--precision") precision = v;
     else if (a == "--batch") B = std::atoi(v.c_str());
     else if (a == "--len") L = std::atoi(v.c_str());
     else if (a == "--steps") steps = std::atoi(v.c_str());
@@ -45,8 +46,9 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (B < 1 || L < 2 || steps < 1 || warmup < 0 || (device != "cpu" && device != "cuda") || (tf32 && device != "cuda")) {
-    std::fprintf(stderr, "bench: --batch, --len (>= 2), --steps must be positive; --device cpu or cuda; --tf32 needs cuda\n");
+  if (B < 1 || L < 2 || steps < 1 || warmup < 0 || (device != "cpu" && device != "cuda") ||
+      (precision != "fp32" && precision != "tf32" && precision != "bf16")) {
+    std::fprintf(stderr, "bench: --batch, --len (>= 2), --steps must be positive; --device cpu or cuda; --precision fp32, tf32 or bf16\n");
     return 2;
   }
   if (count != gpu_emulated()) {  // bench.sh's probe: the timed rows of an emulated build run on the CPU
@@ -55,13 +57,17 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (count) device = "cuda", warmup = 1, steps = 1;
+  if (precision != "fp32" && device != "cuda") {
+    std::fprintf(stderr, "bench: --precision %s needs --device cuda\n", precision.c_str());
+    return 2;
+  }
   try {
     Config c = config_preset(config);
     c.V = 8000;  // the shared vocabulary of the benchmark shapes
     Transformer<float> m(c, 1);
     if (device == "cuda") {
       transformer_to_device(m, Device::cuda);
-      set_tf32(tf32);
+      set_precision(parse_precision(precision));
     }
     // a fixed batch: L tokens on each side (L-1 words and </s>), ids drawn from a fixed LCG
     std::vector<std::vector<int>> src(B), tgt(B);
@@ -98,16 +104,16 @@ int main(int argc, char** argv) {
     size_t launches = 0, blas = 0;
     for (auto& k : n.launches) launches += k.second;
     for (auto& k : n.blas_calls) blas += k.second;
-    std::printf("COUNT config=%s%s B=%d L=%d launches=%zu cublas=%zu to_device=%zu to_host=%zu on_device=%zu memsets=%zu "
-                "device_MiB=%.1f peak_MiB=%.1f\n", config.c_str(), tf32 ? " tf32" : "", B, L, launches, blas, n.to_device, n.to_host,
+    std::printf("COUNT config=%s precision=%s B=%d L=%d launches=%zu cublas=%zu to_device=%zu to_host=%zu on_device=%zu memsets=%zu "
+                "device_MiB=%.1f peak_MiB=%.1f\n", config.c_str(), precision.c_str(), B, L, launches, blas, n.to_device, n.to_host,
                 n.on_device, n.memsets, n.device_bytes / 1048576.0, n.peak_device_bytes / 1048576.0);
     for (auto& k : n.launches) std::printf("KERNEL %s=%zu\n", k.first.c_str(), k.second);
     for (auto& k : n.blas_calls) std::printf("KERNEL %s=%zu\n", k.first.c_str(), k.second);
     return 0;
 #endif
     const double ms = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / steps * 1e3;
-    std::printf("STEP config=%s device=%s%s B=%d L=%d params=%.1fM step_ms=%.2f tgt_tok_per_s=%.0f loss=%.3f\n", config.c_str(),
-                device.c_str(), tf32 ? "-tf32" : "", B, L, m.params.size() / 1e6, ms, batch.target_tokens() / (ms / 1e3), loss);
+    std::printf("STEP config=%s device=%s precision=%s B=%d L=%d params=%.1fM step_ms=%.2f tgt_tok_per_s=%.0f loss=%.3f\n", config.c_str(),
+                device.c_str(), precision.c_str(), B, L, m.params.size() / 1e6, ms, batch.target_tokens() / (ms / 1e3), loss);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench: %s\n", e.what());
     return 1;

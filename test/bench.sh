@@ -8,7 +8,8 @@
 #        launches, cuBLAS calls, copies, device memory, counted by the emulated GPU (build/grade/test/bench
 #        --count, a dry run: each launch and product checked and counted, not run), on any machine
 # With a GPU (a CUDA build on a machine that has one) the rows run there at full size: 256 x 32 tokens a
-# side, fp32 and TF32, 3 epochs, all 1000 test sentences. Where python3 has torch with CUDA, the PyTorch
+# side, fp32, TF32 and bf16 (against PyTorch's bf16 eager and torch.compile), 3 epochs, all 1000 test
+# sentences. Where python3 has torch with CUDA, the PyTorch
 # reference (torch_ref.py: .ref/ on the GPU machine, else ../shared/bench/) runs the same shapes in the
 # same call and each figure is also given as a ratio: PyTorch's time / ours (above 1: we are faster).
 # Without a GPU every row runs on the CPU with smaller batches and fewer steps, and it says so.
@@ -46,22 +47,23 @@ row "figure" "ours" "$([ $torch = 1 ] && echo 'PyTorch / ours')"
 small_args=(--d 256 --ff 1024 --layers 3 --dropout 0.2)
 for config in base small; do
   if [ $device = cuda ]; then
-    modes=(fp32 tf32) batch=256 steps=(--steps 20 --warmup 5)
+    modes=(fp32 tf32 bf16) batch=256 steps=(--steps 20 --warmup 5)
   else
     modes=(fp32) batch=$([ $config = base ] && echo 16 || echo 64) steps=(--steps 3 --warmup 1)
   fi
   shape=()  # the reference's flags for this model (its defaults are the base model's)
   if [ $config = small ]; then shape=("${small_args[@]}"); fi
   for mode in "${modes[@]}"; do
-    tf32=()
-    if [ $mode = tf32 ]; then tf32=(--tf32); fi
-    out=$("$bench" --config $config --batch $batch --len 32 --device $device "${steps[@]}" "${tf32[@]}")
+    out=$("$bench" --config $config --batch $batch --len 32 --device $device --precision $mode "${steps[@]}")
     ms=$(echo "$out" | field step_ms) tps=$(echo "$out" | field tgt_tok_per_s)
     vs=""
     if [ $torch = 1 ]; then
-      tout=$(python3 "$ref" --data "$refdata" --out "$work" --microbench --precision $mode --batch_tokens 8192 "${shape[@]}" 2>&1 |
-             grep '^MICRO' || true)
-      vs=$(ratio "$(echo "$tout" | field step_ms)" "$ms")
+      torch_ms() {  # PyTorch's step time in this precision, eager or with the extra flags (--compile)
+        python3 "$ref" --data "$refdata" --out "$work" --microbench --precision $mode --batch_tokens 8192 "${shape[@]}" "$@" 2>&1 |
+          grep '^MICRO' | field step_ms || true
+      }
+      vs=$(ratio "$(torch_ms)" "$ms")
+      if [ $mode = bf16 ]; then vs="$vs eager, $(ratio "$(torch_ms --compile)" "$ms") torch.compile"; fi
     fi
     n=$([ $config = base ] && echo 1 || echo 2)
     row "$n. $config model step, $mode, dropout on, $batch x 32 tokens a side" "$ms ms/step, $tps target tok/s" "$vs"
@@ -91,9 +93,12 @@ data_parallel_row() {
 gpu_counts_rows() {
   local out
   for config in small base; do
-    out=$(CUDA_EMULATOR_DRY_RUN=1 ./build/grade/test/bench --count --config $config --batch 256 --len 32 | head -n 1)
-    row "6. GPU work per training step, $config model, 256 x 32 tokens" \
-        "$(echo "$out" | field launches) launches, $(echo "$out" | field cublas) cuBLAS calls, $(echo "$out" | field to_host) reads to the host, $(echo "$out" | field peak_MiB) MiB"
+    for precision in fp32 bf16; do
+      out=$(CUDA_EMULATOR_DRY_RUN=1 ./build/grade/test/bench --count --config $config --precision $precision --batch 256 --len 32 |
+            head -n 1)
+      row "6. GPU work per training step, $config model, $precision, 256 x 32 tokens" \
+          "$(echo "$out" | field launches) launches, $(echo "$out" | field cublas) cuBLAS calls, $(echo "$out" | field to_host) reads to the host, $(echo "$out" | field peak_MiB) MiB"
+    done
   done
 }
 

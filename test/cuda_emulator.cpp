@@ -16,6 +16,8 @@
 //     cublasSgemm against the row-major cpu::gemm<double> the CPU path uses, on the transposed problem), every
 //     transpose, leading dimensions larger than the matrix, alpha and beta (beta 0 ignores a NaN C), TF32
 //     rounding, and the argument checks cuBLAS documents;
+//   - bf16: __float2bfloat16 rounding to nearest even (ties, overflow, NaN), cublasGemmEx on bf16 operands
+//     against the definition in double on the rounded values, and its refusals;
 //   - the counts (emu::counts()): launches per kernel and cuBLAS calls per function, refused ones left out,
 //     copies by direction, memsets, device bytes and their peak; a dry run counts without running.
 #include "../cuda_emulator.h"
@@ -191,6 +193,17 @@ float tf32(float x) {  // round to nearest even at 10 mantissa bits, written out
   const uint32_t low = b & 0x1fffu, half = 0x1000u;
   b &= ~0x1fffu;
   if (low > half || (low == half && (b & 0x2000u))) b += 0x2000u;
+  std::memcpy(&x, &b, 4);
+  return x;
+}
+
+// bf16 by its definition: the float's top 16 bits, rounded to nearest even on the 16 below.
+float bf16(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, 4);
+  const uint32_t low = b & 0xffffu;
+  b &= 0xffff0000u;
+  if (low > 0x8000u || (low == 0x8000u && (b & 0x10000u))) b += 0x10000u;
   std::memcpy(&x, &b, 4);
   return x;
 }
@@ -436,6 +449,46 @@ int main() {
               "cublasSgemm: m < 0 is refused");
     ck.expect(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 11, 11, 11, &one, d, 11, d, 11, &zero, d, 11) == CUBLAS_STATUS_EXECUTION_FAILED,
               "cublasSgemm: operands that run past their allocation fail");
+    cudaDeviceReset();
+    cublasDestroy(h);
+  }
+  {  // bf16: conversions as cuda_bf16.h defines them, and cublasGemmEx on bf16 operands with fp32 sums
+    const float one_ulp = 1.f / 128, cases[] = {1.f, 1 + one_ulp / 2, 1 + 3 * one_ulp / 2, 1 + one_ulp / 2 + 1e-6f, -2.5f, 3.4e38f, 1e-40f};
+    const float want[] = {1.f, 1.f, 1 + 2 * one_ulp, 1 + one_ulp, -2.5f, INFINITY, bf16(1e-40f)};
+    int wrong = 0;
+    for (int i = 0; i < 7; ++i) wrong += __bfloat162float(__float2bfloat16(cases[i])) != want[i];
+    ck.expect(wrong == 0, "__float2bfloat16: %d of 7 values rounded otherwise than to nearest even", wrong);
+    ck.expect(std::isnan(__bfloat162float(__float2bfloat16(NAN))), "__float2bfloat16: a NaN stays NaN");
+    cublasHandle_t h;
+    cublasCreate(&h);
+    const int m = 6, n = 5, k = 9, lda = 10, ldb = 11, ldc = 8;  // C = A^T B, padded leading dimensions
+    std::vector<float> A(host.begin(), host.begin() + (size_t)m * lda), B(host.begin() + 500, host.begin() + 500 + (size_t)n * ldb);
+    std::vector<__nv_bfloat16> a16(A.size()), b16(B.size());
+    std::vector<float> Ar(A.size()), Br(B.size());
+    for (size_t i = 0; i < A.size(); ++i) a16[i] = __float2bfloat16(A[i]), Ar[i] = bf16(A[i]);
+    for (size_t i = 0; i < B.size(); ++i) b16[i] = __float2bfloat16(B[i]), Br[i] = bf16(B[i]);
+    __nv_bfloat16 *dA = device<__nv_bfloat16>(A.size()), *dB = device<__nv_bfloat16>(B.size());
+    float* dC = device<float>((size_t)n * ldc);
+    cudaMemcpy(dA, a16.data(), A.size() * 2, cudaMemcpyHostToDevice);
+    cudaMemcpy(dB, b16.data(), B.size() * 2, cudaMemcpyHostToDevice);
+    const std::vector<float> C(host.begin() + 1000, host.begin() + 1000 + (size_t)n * ldc);
+    cudaMemcpy(dC, C.data(), C.size() * 4, cudaMemcpyHostToDevice);
+    const float alpha = 0.5f, beta = 1;
+    ck.expect(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, dA, CUDA_R_16BF, lda, dB, CUDA_R_16BF, ldb, &beta, dC, CUDA_R_32F,
+                           ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS, "cublasGemmEx bf16: success");
+    const std::vector<float> got = download(dC, C.size());
+    const std::vector<double> exact = gemm_definition(true, false, m, n, k, alpha, Ar, lda, Br, ldb, beta, C, ldc);
+    for (int j = 0; j < n; ++j)
+      for (int i = 0; i < m; ++i) ck.close(got[(size_t)j * ldc + i], exact[(size_t)j * ldc + i], 1e-5, 1e-5, "cublasGemmEx bf16 A^T B");
+    ck.expect(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, dA, CUDA_R_16BF, lda, dC, CUDA_R_32F, ldb, &beta, dC, CUDA_R_32F,
+                           ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_NOT_SUPPORTED,
+              "cublasGemmEx: a bf16 A with an fp32 B is not supported here");
+    ck.expect(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, dA, CUDA_R_16BF, m - 1, dB, CUDA_R_16BF, ldb, &beta, dC,
+                           CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_INVALID_VALUE,
+              "cublasGemmEx: op(A) = A^T needs lda >= k");
+    ck.expect(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 20, n, k, &alpha, dA, CUDA_R_16BF, 20, dB, CUDA_R_16BF, ldb, &beta, dC,
+                           CUDA_R_32F, ldc + 20, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_EXECUTION_FAILED,
+              "cublasGemmEx: bf16 operands are 2 bytes an element, and one running past its allocation fails");
     cudaDeviceReset();
     cublasDestroy(h);
   }

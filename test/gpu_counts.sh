@@ -1,25 +1,27 @@
 #!/usr/bin/env bash
 # gpu_counts: `make bench` counts what a training step asks of the GPU with the emulator's dry run (launches
 # and cuBLAS calls checked and counted, not run). The dry run must count exactly what the full run does:
-# here both run one step of the small and base models on a small batch and every count must agree.
+# here both run one step of the small and base models (fp32, and the small one in bf16) on a small batch
+# and every count must agree.
 set -euo pipefail
 root="$1"
 bench="$root/build/grade/test/bench"
 fail=0
-for config in small base; do
-  full=$("$bench" --count --config "$config" --batch 3 --len 7)
-  dry=$(CUDA_EMULATOR_DRY_RUN=1 "$bench" --count --config "$config" --batch 3 --len 7)
+for run in "small fp32" "base fp32" "small bf16"; do
+  read -r config precision <<< "$run"
+  full=$("$bench" --count --config "$config" --precision "$precision" --batch 3 --len 7)
+  dry=$(CUDA_EMULATOR_DRY_RUN=1 "$bench" --count --config "$config" --precision "$precision" --batch 3 --len 7)
   launches=$(echo "$full" | sed -n 's/.* launches=\([0-9]*\) .*/\1/p')
-  echo "gpu_counts: $config: $(echo "$full" | head -n 1)"
+  echo "gpu_counts: $run: $(echo "$full" | head -n 1)"
   if [ -z "$launches" ] || [ "$launches" -eq 0 ]; then
-    echo "FAIL gpu_counts: $config: the full run counted no launches"
+    echo "FAIL gpu_counts: $run: the full run counted no launches"
     fail=1
   elif [ "$full" != "$dry" ]; then
-    echo "FAIL gpu_counts: $config: the dry run counts otherwise than the full run:"
+    echo "FAIL gpu_counts: $run: the dry run counts otherwise than the full run:"
     diff <(echo "$full") <(echo "$dry") || true
     fail=1
   else
-    echo "gpu_counts: $config: the dry run's $(echo "$dry" | wc -l) count lines equal the full run's"
+    echo "gpu_counts: $run: the dry run's $(echo "$dry" | wc -l) count lines equal the full run's"
   fi
 done
 exit $fail

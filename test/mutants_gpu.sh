@@ -20,11 +20,13 @@ trap 'rm -rf "$work"' EXIT
 mutants=(
   "removed __syncthreads in block_sum|T block_sum(T x, T* shared) {\n  shared[threadIdx.x] = x;\n  __syncthreads();|T block_sum(T x, T* shared) {\n  shared[threadIdx.x] = x;"
   "off-by-one grid-stride bound (i <= n)|threadIdx.x; i < (n); i += |threadIdx.x; i <= (n); i += "
-  "wrong transpose flag in cublasSgemm (op(B))|tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T|tb ? CUBLAS_OP_N : CUBLAS_OP_T, ta ? CUBLAS_OP_T"
-  "wrong leading dimension in cublasSgemm (A with ldb)|&one, B, ldb, A, lda,|&one, B, ldb, A, ldb,"
+  "wrong transpose flag in the products (op(B))|opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;|opb = tb ? CUBLAS_OP_N : CUBLAS_OP_T;"
+  "wrong leading dimension in cublasSgemm (A with ldb)|&one, B.f, ldb, A.f, lda,|&one, B.f, ldb, A.f, ldb,"
   "write past the end by the last block (LayerNorm's mean)|if (threadIdx.x == 0) mean[blockIdx.x] = mu,|if (threadIdx.x == 0) mean[blockIdx.x + (blockIdx.x + 1 == gridDim.x)] = mu,"
   "accumulating output not zeroed (attention's dq scratch)|  fill(s.q, 0, (size_t)B * Lq * D);\n|"
   "race on a shared array (attention backward's dL/ds read before all are written)|dsh[j] = pr[j] * (dsh[j] - rowdot) * scale;\n  __syncthreads();|dsh[j] = pr[j] * (dsh[j] - rowdot) * scale;"
+  "stale bf16 copy of the parameters (Adam's pass leaves it)|    if (copy) copy[i] = __float2bfloat16(params[i]);\n|"
+  "a product's two bf16 operands rounded into one scratch buffer (linear_backward)|d, O, operand(w, (size_t)I * O, 1), O,|d, O, operand(w, (size_t)I * O, 0), O,"
 )
 
 # build NAME ORIGINAL MUTATED: a parity_gpu binary in $work/NAME from the mutated copy

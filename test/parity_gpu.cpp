@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,37 @@ struct Report {
   }
 };
 
+// bf16 as the tensor cores read it: to nearest, ties to even, written out independently of the GPU code.
+float bf16_round(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, 4);
+  if ((b & 0x7fffffffu) > 0x7f800000u) return x;
+  const uint32_t low = b & 0xffffu;
+  b &= 0xffff0000u;
+  if (low > 0x8000u || (low == 0x8000u && (b & 0x10000u))) b += 0x10000u;
+  std::memcpy(&x, &b, 4);
+  return x;
+}
+std::vector<float> bf16_rounded(std::vector<float> v) {
+  for (float& x : v) x = bf16_round(x);
+  return v;
+}
+
+// bf16 precision against the fp32 CPU: an element's error relative to the larger of itself and the
+// tensor's RMS (a product's rounding error scales with its terms, not with a sum that cancels to zero).
+void same_bf16(Checker& ck, const std::vector<float>& got, const std::vector<float>& want, double tol, const std::string& what) {
+  double squares = 0, worst = 0;
+  for (float w : want) squares += (double)w * w;
+  const double rms = want.empty() ? 0 : std::sqrt(squares / want.size());
+  size_t at = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs((double)got[i] - want[i]) / std::fmax(std::fabs((double)want[i]), rms);
+    if (!(err <= worst)) worst = err, at = i;
+  }
+  std::printf("  %-44s max err %.3g of max(|x|, rms) (bf16 bound %.0e)\n", what.c_str(), worst, tol);
+  ck.close(got.empty() ? 0 : got[at], got.empty() ? 0 : want[at], tol, tol * rms, (what + "[" + std::to_string(at) + "]").c_str());
+}
+
 }  // namespace
 
 int main() {
@@ -81,7 +113,7 @@ int main() {
     return 77;
   }
   std::printf("parity_gpu: on %s\n", gpu_name().c_str());
-  set_tf32(false);
+  set_precision(Precision::fp32);
   Checker ck("parity_gpu");
   Report rep{ck};
   Rand r{2024};
@@ -441,6 +473,130 @@ int main() {
     std::printf("  %-44s %d outputs differ\n", ("greedy and beam 3 (2-best) tokens" + tag).c_str(), differ);
     ck.expect(differ == 0, "greedy and beam tokens%s: %d outputs differ between the GPU and the CPU", tag.c_str(), differ);
   }
+
+  // ---- bf16 precision: the products' operands in bf16, fp32 sums, everything else fp32 ----------------
+  std::printf("parity_gpu: bf16 products\n");
+  set_precision(Precision::bf16);
+  // gemm: exactly the CPU's fp32 product of the operands rounded to bf16 (so the fp32 parity tolerance)
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb) {
+      const int m = 13, n = 9, k = 11;
+      Buf A(r.vec((size_t)m * k)), Bm(r.vec((size_t)k * n)), C(r.vec((size_t)m * n));
+      const std::vector<float> ar = bf16_rounded(A.h), br = bf16_rounded(Bm.h);
+      cpu::gemm<float>(ta, tb, m, n, k, ar.data(), ta ? m : k, br.data(), tb ? k : n, C.h.data(), n, true);
+      gpu::gemm(ta, tb, m, n, k, A.d, ta ? m : k, Bm.d, tb ? k : n, C.d, n, true);
+      rep.same(C, "bf16 gemm ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) + " (operands rounded)");
+    }
+  {  // a parameter buffer's bf16 copy: made from it, read by the products, rewritten by adam_update's pass
+    const size_t n = 4099;
+    Buf p(r.vec(n)), g(r.vec(n)), m(r.vec(n, -0.1f, 0.1f)), v(r.vec(n, 0, 0.1f));
+    gpu::keep_bf16_copy(p.d, n);
+    ck.expect(gpu::bf16_copy(p.d, n) == bf16_rounded(p.h), "keep_bf16_copy: the copy is the buffer rounded to bf16");
+    cpu::adam_update(p.h.data(), g.h.data(), m.h.data(), v.h.data(), n, 1e-3, 0.9, 0.98, 1e-9, 3);
+    gpu::adam_update(p.d, g.d, m.d, v.d, n, 1e-3, 0.9, 0.98, 1e-9, 3);
+    rep.same(p, "bf16: adam_update params (fp32)");
+    const std::vector<float> after = p.get();
+    ck.expect(gpu::bf16_copy(p.d, n) == bf16_rounded(after), "adam_update: the bf16 copy is the new parameters rounded");
+    ck.expect(bf16_rounded(after) != bf16_rounded(std::vector<float>(p.h.size())), "adam_update: the parameters are not all zero");
+    const int rows = 5, k = 7;  // a product that reads the copy: the same as rounding the updated values
+    Buf x(r.vec((size_t)rows * k)), y(zeros((size_t)rows * 3));
+    const std::vector<float> xr = bf16_rounded(x.h), pr = bf16_rounded(after);
+    cpu::gemm<float>(false, false, rows, 3, k, xr.data(), k, pr.data() + 100, 3, y.h.data(), 3, false);
+    gpu::gemm(false, false, rows, 3, k, x.d, k, p.d + 100, 3, y.d, 3, false);
+    rep.same(y, "bf16 gemm reading a parameter's copy");
+    gpu::drop_bf16_copy(p.d);
+  }
+  constexpr double kBf16Tol = 2e-2;  // measured worst below: see NOTES, "bf16 products"
+  {
+    const int I = 11, O = 7;
+    Buf in(r.vec((size_t)M * I)), w(r.vec((size_t)I * O)), b(r.vec(O)), out(zeros((size_t)M * O));
+    Buf dout(r.vec((size_t)M * O)), din(r.vec((size_t)M * I)), dw(r.vec((size_t)I * O)), db(r.vec(O));
+    cpu::linear_forward(out.h.data(), in.h.data(), w.h.data(), b.h.data(), M, I, O);
+    gpu::linear_forward(out.d, in.d, w.d, b.d, M, I, O);
+    same_bf16(ck, out.get(), out.h, kBf16Tol, "bf16 linear_forward");
+    cpu::linear_backward(din.h.data(), dw.h.data(), db.h.data(), dout.h.data(), in.h.data(), w.h.data(), M, I, O);
+    gpu::linear_backward(din.d, dw.d, db.d, dout.d, in.d, w.d, M, I, O);
+    same_bf16(ck, din.get(), din.h, kBf16Tol, "bf16 linear_backward din");
+    same_bf16(ck, dw.get(), dw.h, kBf16Tol, "bf16 linear_backward dw");
+    rep.same(db, "bf16 linear_backward db (an fp32 sum)");
+  }
+  {
+    Buf y(r.vec((size_t)M * D)), emb(r.vec((size_t)V * D)), logits(zeros((size_t)M * V)), dlogits(r.vec((size_t)M * V));
+    Buf dy(r.vec((size_t)M * D)), demb(r.vec((size_t)V * D));
+    cpu::output_projection_forward(logits.h.data(), y.h.data(), emb.h.data(), M, D, V);
+    gpu::output_projection_forward(logits.d, y.d, emb.d, M, D, V);
+    same_bf16(ck, logits.get(), logits.h, kBf16Tol, "bf16 output_projection_forward");
+    cpu::output_projection_backward(dy.h.data(), demb.h.data(), dlogits.h.data(), y.h.data(), emb.h.data(), M, D, V);
+    gpu::output_projection_backward(dy.d, demb.d, dlogits.d, y.d, emb.d, M, D, V);
+    same_bf16(ck, dy.get(), dy.h, kBf16Tol, "bf16 output_projection_backward dy");
+    same_bf16(ck, demb.get(), demb.h, kBf16Tol, "bf16 output_projection_backward demb");
+  }
+  // The whole step in bf16 against the fp32 CPU step. Element by element that is no bound: this tiny model
+  // (d 12) is ill-conditioned, and rounding its weights alone to bf16, in double on the CPU, moves single
+  // gradient tensors by up to 32% (L2). So the gradient is held as a whole: its relative L2 error over every
+  // parameter, and each tensor's direction (cosine); the gradient of another batch must fail both bounds.
+  constexpr double kLossTol = 5e-3, kGradL2 = 0.08, kGradCos = 0.98;
+  struct Agreement {
+    double l2, worst_cos;
+    std::string where;
+  };
+  const auto agreement = [](const std::vector<TensorInfo>& table, const std::vector<float>& got, const std::vector<float>& want) {
+    Agreement a{0, 1, ""};
+    double diff = 0, norm = 0;
+    for (const TensorInfo& ti : table) {
+      double dot = 0, gg = 0, ww = 0;
+      for (size_t i = ti.offset; i < ti.offset + ti.size; ++i)
+        dot += (double)got[i] * want[i], gg += (double)got[i] * got[i], ww += (double)want[i] * want[i];
+      diff += gg - 2 * dot + ww, norm += ww;
+      const double cos = dot / std::sqrt(gg * ww);
+      if (!(cos >= a.worst_cos)) a.worst_cos = cos, a.where = ti.name;
+    }
+    a.l2 = std::sqrt(std::fmax(diff, 0) / norm);
+    return a;
+  };
+  for (bool pre_ln : {false, true}) {
+    Config c = config_preset("tiny");
+    c.N = 2, c.D = 12, c.F = 20, c.H = 3, c.V = 37, c.max_len = 16, c.pre_ln = pre_ln;
+    c.warmup = 1, c.lr_scale = 0.02;  // a first update large enough to move the loss
+    Transformer<float> on_cpu(c, 9), on_gpu(c, 9), other(c, 9);
+    transformer_to_device(on_gpu, Device::cuda);
+    std::vector<std::vector<int>> src(6), tgt(6);
+    for (int i = 0; i < 6; ++i) {
+      src[i].resize(3 + i), tgt[i].resize(8 - i);
+      for (int& id : src[i]) id = 4 + (int)(r.uniform(0, 1) * (c.V - 4)) % (c.V - 4);
+      for (int& id : tgt[i]) id = 4 + (int)(r.uniform(0, 1) * (c.V - 4)) % (c.V - 4);
+    }
+    std::vector<const std::vector<int>*> ps, pt;
+    for (int i = 0; i < 6; ++i) ps.push_back(&src[i]), pt.push_back(&tgt[i]);
+    const Batch batch = make_batch(ps, pt), reversed = make_batch(pt, ps);  // another batch: sides swapped
+    const std::string tag = pre_ln ? " (pre-LN)" : " (post-LN)";
+    zero_grad(on_cpu), zero_grad(on_gpu), zero_grad(other);
+    const double lc = transformer_forward(on_cpu, batch, true), lg = transformer_forward(on_gpu, batch, true);
+    transformer_forward(other, reversed, true);
+    transformer_backward(on_cpu, batch, true), transformer_backward(on_gpu, batch, true), transformer_backward(other, reversed, true);
+    transformer_download(on_gpu);
+    std::printf("  %-44s %.7g vs %.7g (rel err %.2g, bound %.0e)\n", ("bf16 step: loss" + tag).c_str(), lg, lc, std::fabs(lg - lc) / lc,
+                kLossTol);
+    ck.close(lg, lc, kLossTol, 0, ("bf16 step: loss" + tag).c_str());
+    const Agreement a = agreement(on_cpu.table, on_gpu.grads, on_cpu.grads), n = agreement(on_cpu.table, other.grads, on_cpu.grads);
+    std::printf("  %-44s L2 rel err %.3g (bound %.2g), worst cosine %.5f at %s (bound %.2f)\n", ("bf16 step: gradient" + tag).c_str(),
+                a.l2, kGradL2, a.worst_cos, a.where.c_str(), kGradCos);
+    std::printf("  %-44s L2 rel err %.3g, worst cosine %.5f at %s: must fail the bounds\n", ("another batch's gradient" + tag).c_str(),
+                n.l2, n.worst_cos, n.where.c_str());
+    ck.expect(a.l2 <= kGradL2 && a.worst_cos >= kGradCos, "bf16 step%s: gradient L2 rel err %.3g (bound %.2g), worst cosine %.5f at %s (bound %.2f)",
+              tag.c_str(), a.l2, kGradL2, a.worst_cos, a.where.c_str(), kGradCos);
+    ck.expect(n.l2 > kGradL2 && n.worst_cos < kGradCos, "bf16 step%s: another batch's gradient passes the bounds (L2 %.3g, cosine %.5f)",
+              tag.c_str(), n.l2, n.worst_cos);
+    // The update rewrites the parameters' bf16 copy, which the next step's products read: its loss agrees
+    // again, and differs from the first step's by more than the bound (a stale copy would not follow).
+    transformer_update(on_cpu), transformer_update(on_gpu);
+    const double lc2 = transformer_forward(on_cpu, batch, true), lg2 = transformer_forward(on_gpu, batch, true);
+    std::printf("  %-44s %.7g vs %.7g (rel err %.2g, bound %.0e; the first step's %.7g)\n", ("bf16 step: loss after Adam" + tag).c_str(), lg2,
+                lc2, std::fabs(lg2 - lc2) / lc2, kLossTol, lc);
+    ck.close(lg2, lc2, kLossTol, 0, ("bf16 step: loss after Adam" + tag).c_str());
+    ck.expect(std::fabs(lc2 - lc) > 3 * kLossTol * lc, "bf16 step%s: the update moved the loss by only %.3g", tag.c_str(), lc2 - lc);
+  }
+  set_precision(Precision::fp32);
   return ck.finish();
 }
 #endif

@@ -86,7 +86,8 @@ expect_error "a batch that cannot fit in memory" "a batch of --batch-tokens 1000
   "$train" "${common[@]}" --config big --batch-tokens 10000000 --max-steps 1 --out hugebatch
 check "the model line reports the peak memory of a step" grep -Eq "^model: .*; peak memory [0-9]+ MB \(a step on the largest batch\)$" short.log
 expect_error "unknown option" "unknown option '--bogus'" "$train" --bogus
-expect_error "--tf32 on the CPU" "--tf32 is a GPU option" "$train" "${common[@]}" --max-steps 1 --out tf32run --device cpu --tf32
+expect_error "--precision on the CPU" "--precision is a GPU option" "$train" "${common[@]}" --max-steps 1 --out p1 --device cpu --precision tf32
+expect_error "--precision fp16" "--precision fp16: expected fp32, tf32 or bf16" "$train" "${common[@]}" --max-steps 1 --out p2 --precision fp16
 expect_error "bad number" "--max-steps needs an integer" "$train" --max-steps -5
 if on_cuda_or_error "--device cuda without a GPU" "$train" "${common[@]}" --max-steps 1 --out gpurun --device cuda; then
   check "--device cuda trains a step and checkpoints it" test -s gpurun/model.bin

@@ -86,6 +86,8 @@ expect_error "a beam of 0 in decoding.txt" "run/decoding.txt:1: expected 'beam K
 printf 'alpha 1 2\n' > run/decoding.txt
 expect_error "trailing words in decoding.txt" "run/decoding.txt:1: expected" "$translate" "${m[@]}" -i in.txt
 rm run/decoding.txt
+expect_error "--precision on the CPU" "--precision is a GPU option: it needs --device cuda" "$translate" "${m[@]}" --device cpu --precision bf16 -i in.txt
+expect_error "--precision fp8" "--precision fp8: expected fp32, tf32 or bf16" "$translate" "${m[@]}" --precision fp8 -i in.txt
 # --tune on a model that reverses 5-word sentences of a tiny corpus (BLEU needs 4-grams): the table's
 # cells are the BLEU ./translate --ref prints for that beam and alpha, and its best goes to decoding.txt
 tiny_corpus tiny5 60 5
