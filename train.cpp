@@ -164,14 +164,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--max-steps") o.max_steps = to_long(a, value(), 1, LONG_MAX);
     else if (a == "--time-limit") o.time_limit = to_double(a, value(), 1, 1e9);
     else if (a == "--device") o.device = value();
-    else if (a == "--precision") {
-      o.precision = value();
-      try {
-        parse_precision(o.precision);
-      } catch (const std::runtime_error& e) {
-        fail(e.what());
-      }
-    }
+    else if (a == "--precision") o.precision = value();
     else if (a == "--seed") o.seed = (uint64_t)to_long(a, value(), 0, LONG_MAX);
     else if (a == "--out") o.out = value();
     else if (a == "--resume") o.resume = true;
@@ -640,6 +633,14 @@ int main(int argc, char** argv) {
   }
   std::signal(SIGXFSZ, SIG_IGN);  // past a file-size limit (ulimit -f) a write fails with EFBIG instead of killing us
   if (o.device.empty()) o.device = gpu_available() && !gpu_emulated() ? "cuda" : "cpu";
+  if (!o.precision.empty()) {  // a name parse_precision knows, for a GPU run
+    try {
+      parse_precision(o.precision);
+    } catch (const std::runtime_error& e) {
+      fail(e.what());
+    }
+    if (o.device != "cuda") fail("--precision is a GPU option: it needs --device cuda");
+  }
   Corpus corpus = load_corpus(o);
   Config cfg = build_config(o, corpus.numbers);
   if (o.out.empty()) o.out = corpus.numbers ? "runs/numbers" : "runs/multi30k-" + o.src + "-" + o.tgt;
@@ -723,7 +724,6 @@ int main(int argc, char** argv) {
     model = std::make_unique<Transformer<float>>(cfg, o.seed);
   }
   Transformer<float>& m = *model;
-  if (!o.precision.empty() && o.device != "cuda") fail("--precision is a GPU option: it needs --device cuda");
   if (o.device == "cuda") {
     try {
       ranks.choose_gpu();

@@ -131,14 +131,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--n-best") o.decode.n_best = to_int(a, value());
     else if (a == "--batch") o.batch = to_int(a, value());
     else if (a == "--device") o.device = value();
-    else if (a == "--precision") {
-      o.precision = value();
-      try {
-        parse_precision(o.precision);
-      } catch (const std::runtime_error& e) {
-        fail(e.what());
-      }
-    }
+    else if (a == "--precision") o.precision = value();
     else if (a == "--ref") o.ref = value();
     else if (a == "--score") o.score = value();
     else if (a == "--lowercase") o.lowercase = true;
@@ -391,6 +384,7 @@ void on_interrupt(int) {
 int main(int argc, char** argv) {
   Options o = parse(argc, argv);
   try {
+    if (!o.precision.empty()) parse_precision(o.precision);  // a bad name is an error before any work
     if (!o.score.empty()) {  // BLEU of a file, no model
       std::vector<std::string> hyps = read_text_lines(o.score), refs = read_text_lines(o.ref);
       if (hyps.size() != refs.size())
