@@ -935,12 +935,13 @@ inline cublasStatus_t gemm(cublasHandle_t h, const char* call, cublasOperation_t
       lda < std::max(1, at ? k : m) || ldb < std::max(1, bt ? n : k) || ldc < std::max(1, m))
     return CUBLAS_STATUS_INVALID_VALUE;
   if (state().sticky_error != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
-  if (count) ++state().counts.blas_calls[call];
-  if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
   const size_t element = type == CUDA_R_16BF ? 2 : 4;
-  if (!operand_inside(call, "A", A, element, at ? k : m, at ? m : k, lda) ||
-      !operand_inside(call, "B", B, element, bt ? n : k, bt ? k : n, ldb) || !operand_inside(call, "C", C, 4, m, n, ldc))
+  if (m > 0 && n > 0 &&
+      (!operand_inside(call, "A", A, element, at ? k : m, at ? m : k, lda) ||
+       !operand_inside(call, "B", B, element, bt ? n : k, bt ? k : n, ldb) || !operand_inside(call, "C", C, 4, m, n, ldc)))
     return CUBLAS_STATUS_EXECUTION_FAILED;
+  if (count) ++state().counts.blas_calls[call];  // a call the GPU runs: refused and failed ones are not
+  if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
   if (state().dry_run) return CUBLAS_STATUS_SUCCESS;
   const bool tf32 = h->math == CUBLAS_TF32_TENSOR_OP_MATH;
   const std::vector<float> a = operand_floats(A, type, tf32, at ? k : m, at ? m : k, lda), b = operand_floats(B, type, tf32, bt ? n : k, bt ? k : n, ldb);

@@ -1974,8 +1974,9 @@ void drop_bf16_copy(const float* p) {
   auto& v = bf16_copies();
   for (auto it = v.begin(); it != v.end(); ++it)
     if (it->base == p) {
-      CUDA_CHECK(cudaFree(it->copy));
-      v.erase(it);
+      bf16* copy = it->copy;
+      v.erase(it);  // first: a failed cudaFree must not leave a stale entry
+      CUDA_CHECK(cudaFree(copy));
       return;
     }
 }
@@ -2443,9 +2444,10 @@ __global__ void adam_kernel(float* params, bf16* copy, const float* grads, float
 void adam_update(float* params, const float* grads, float* m, float* v, size_t n, double lr, double beta1, double beta2,
                  double eps, long t) {
   const double c1 = 1 - std::pow(beta1, (double)t), c2 = 1 - std::pow(beta2, (double)t);
+  if (n == 0) return;
   bf16* copy = bf16_copy_of(params);
   if (copy && bf16_copy_of(params + n - 1) != copy + n - 1) throw std::logic_error("adam_update: over part of a buffer's bf16 copy");
-  if (n) LAUNCH(adam_kernel, blocks_for(n), 256, 0, params, copy, grads, m, v, n, lr, beta1, beta2, eps, c1, c2);
+  LAUNCH(adam_kernel, blocks_for(n), 256, 0, params, copy, grads, m, v, n, lr, beta1, beta2, eps, c1, c2);
 }
 
 __global__ void square_sum_kernel(double* out, const float* g, size_t n) {
@@ -2655,19 +2657,23 @@ static std::unique_ptr<DeviceModel> make_gpu_model(Transformer<float>& m) {
                              std::to_string(gpu::kMaxKeysBackward) + " (use a smaller --max-len or --device cpu)");
   return std::make_unique<GpuModel>(m);
 }
-static bool gpu_has_bf16() {
+static bool gpu_has_bf16() {  // the current device (a rank's, under mpirun): Ampere and later
+  int device = 0;
   cudaDeviceProp prop;
-  return gpu_available() && cudaGetDeviceProperties(&prop, 0) == cudaSuccess && prop.major >= 8;  // Ampere and later
+  return gpu_available() && cudaGetDevice(&device) == cudaSuccess && cudaGetDeviceProperties(&prop, device) == cudaSuccess &&
+         prop.major >= 8;
 }
 Precision default_precision() { return gpu_has_bf16() ? Precision::bf16 : Precision::fp32; }
 void set_precision(Precision p) {
   const std::string flag = std::string("--precision ") + precision_name(p);
   if (!gpu_available()) throw std::runtime_error(flag + ": no GPU is present");
   if (p == Precision::bf16 && !gpu_has_bf16()) throw std::runtime_error(flag + ": this GPU has no bf16 tensor cores (before compute capability 8.0)");
-  gpu::products() = p;
-  // TF32: SGEMM on the tensor cores; bf16: cublasGemmEx needs the default math; fp32: pedantic, no TF32
+  // TF32: SGEMM on the tensor cores. bf16: the default math, which leaves cuBLAS free to choose tensor-core
+  // kernels for cublasGemmEx (pedantic math may not); an SGEMM there (a bias gradient) is still fp32, as
+  // TF32 must be asked for. fp32: pedantic, the reference.
   CUBLAS_CHECK(cublasSetMathMode(gpu::blas(), p == Precision::tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
                                             : p == Precision::bf16 ? CUBLAS_DEFAULT_MATH : CUBLAS_PEDANTIC_MATH));
+  gpu::products() = p;
 }
 #else
 bool gpu_available() { return false; }  // compiled by g++ without the emulator: no CUDA path in this build

@@ -2,7 +2,7 @@
 # gpu_counts: `make bench` counts what a training step asks of the GPU with the emulator's dry run (launches
 # and cuBLAS calls checked and counted, not run). The dry run must count exactly what the full run does:
 # here both run one step of the small and base models (fp32, and the small one in bf16) on a small batch
-# and every count must agree.
+# and every count must agree; the bf16 step's products are cublasGemmEx, the fp32 step has none.
 set -euo pipefail
 root="$1"
 bench="$root/build/grade/test/bench"
@@ -19,6 +19,12 @@ for run in "small fp32" "base fp32" "small bf16"; do
   elif [ "$full" != "$dry" ]; then
     echo "FAIL gpu_counts: $run: the dry run counts otherwise than the full run:"
     diff <(echo "$full") <(echo "$dry") || true
+    fail=1
+  elif [ "$precision" = bf16 ] && ! echo "$full" | grep -q '^KERNEL cublasGemmEx=[1-9]'; then
+    echo "FAIL gpu_counts: $run: no cublasGemmEx in a bf16 step"
+    fail=1
+  elif [ "$precision" = fp32 ] && echo "$full" | grep -q '^KERNEL \(cublasGemmEx\|to_bf16_kernel\)='; then
+    echo "FAIL gpu_counts: $run: bf16 work in an fp32 step"
     fail=1
   else
     echo "gpu_counts: $run: the dry run's $(echo "$dry" | wc -l) count lines equal the full run's"

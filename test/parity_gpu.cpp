@@ -18,6 +18,9 @@
 
 #include "../transformer.h"
 #include "check.h"
+#ifdef TRANSFORMER_EMULATED_GPU
+#include "../cuda_emulator.h"  // its counts: the products read a parameter's bf16 copy
+#endif
 
 #ifndef TRANSFORMER_CUDA
 int main() {
@@ -479,13 +482,13 @@ int main() {
   set_precision(Precision::bf16);
   // gemm: exactly the CPU's fp32 product of the operands rounded to bf16 (so the fp32 parity tolerance)
   for (int ta = 0; ta < 2; ++ta)
-    for (int tb = 0; tb < 2; ++tb) {
-      const int m = 13, n = 9, k = 11;
-      Buf A(r.vec((size_t)m * k)), Bm(r.vec((size_t)k * n)), C(r.vec((size_t)m * n));
+    for (int tb = 0; tb < 2; ++tb) {  // padded leading dimensions: the rounded span is (rows - 1) * ld + cols
+      const int m = 13, n = 9, k = 11, lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 2, ldc = n + 1;
+      Buf A(r.vec((size_t)(ta ? k : m) * lda)), Bm(r.vec((size_t)(tb ? n : k) * ldb)), C(r.vec((size_t)m * ldc));
       const std::vector<float> ar = bf16_rounded(A.h), br = bf16_rounded(Bm.h);
-      cpu::gemm<float>(ta, tb, m, n, k, ar.data(), ta ? m : k, br.data(), tb ? k : n, C.h.data(), n, true);
-      gpu::gemm(ta, tb, m, n, k, A.d, ta ? m : k, Bm.d, tb ? k : n, C.d, n, true);
-      rep.same(C, "bf16 gemm ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) + " (operands rounded)");
+      cpu::gemm<float>(ta, tb, m, n, k, ar.data(), lda, br.data(), ldb, C.h.data(), ldc, true);
+      gpu::gemm(ta, tb, m, n, k, A.d, lda, Bm.d, ldb, C.d, ldc, true);
+      rep.same(C, "bf16 gemm ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) + " (operands rounded, padded)");
     }
   {  // a parameter buffer's bf16 copy: made from it, read by the products, rewritten by adam_update's pass
     const size_t n = 4099;
@@ -504,6 +507,17 @@ int main() {
     cpu::gemm<float>(false, false, rows, 3, k, xr.data(), k, pr.data() + 100, 3, y.h.data(), 3, false);
     gpu::gemm(false, false, rows, 3, k, x.d, k, p.d + 100, 3, y.d, 3, false);
     rep.same(y, "bf16 gemm reading a parameter's copy");
+#ifdef TRANSFORMER_EMULATED_GPU
+    emu::reset_counts();  // the copy is read, not made again: one rounding (of x), one bf16 product
+    gpu::gemm(false, false, rows, 3, k, x.d, k, p.d + 100, 3, y.d, 3, false);
+    const auto& launches = emu::counts().launches;
+    const auto& blas = emu::counts().blas_calls;
+    const size_t rounded = launches.count("to_bf16_kernel") ? launches.at("to_bf16_kernel") : 0;
+    const size_t products = blas.count("cublasGemmEx") ? blas.at("cublasGemmEx") : 0;
+    ck.expect(rounded == 1 && products == 1 && blas.size() == 1,
+              "a product of an activation and a parameter: %zu roundings (1), %zu cublasGemmEx (1), %zu cuBLAS functions", rounded,
+              products, blas.size());
+#endif
     gpu::drop_bf16_copy(p.d);
   }
   constexpr double kBf16Tol = 2e-2;  // measured worst below: see NOTES, "bf16 products"

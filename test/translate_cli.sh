@@ -128,9 +128,11 @@ expect_error "vocabulary of another model" "not the vocabulary" "$translate" "${
 expect_error "--score without --ref" "--score needs --ref" "$translate" --score in.txt
 printf 'a\n' > one.txt
 expect_error "--score with different line counts" "has 6 lines but one.txt has 1" "$translate" --score in.txt --ref one.txt
-if on_cuda_or_error "--device cuda without a GPU" "$translate" "${m[@]}" --device cuda -i in.txt --greedy; then
+if on_cuda_or_error "--device cuda without a GPU" "$translate" "${m[@]}" --device cuda --precision fp32 -i in.txt --greedy; then
   "$translate" "${m[@]}" --device cpu -i in.txt --greedy > cpu.txt
-  check "--device cuda translates as the CPU does" cmp -s out.txt cpu.txt
+  check "--device cuda --precision fp32 translates as the CPU does" cmp -s out.txt cpu.txt
+  "$translate" "${m[@]}" --device cuda -i in.txt --greedy > default.txt
+  check "--device cuda in its default precision translates every line" sh -c '[ "$(wc -l < default.txt)" -eq 6 ]'
 fi
 expect_error "--attention-layer beyond the model" "--attention-layer 3: the model has 2 layers" \
   "$translate" "${m[@]}" --attention x.svg --attention-layer 3 -i in.txt
