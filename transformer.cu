@@ -536,6 +536,23 @@ template <typename T> void residual_forward(T* out, const T* x, const T* y, size
   for (size_t i = 0; i < n; ++i) out[i] = x[i] + y[i];
 }
 
+// [§3.1, §5.4] The residual connection around a sub-layer, dropout on the sub-layer's output y included:
+// out = x + Dropout(y) (y is left as it is). The GPU does it in one pass.
+template <typename T> void residual_dropout_forward(T* out, const T* x, const T* y, DropoutKey drop, size_t n) {
+  const T scale = T(dropout_scale(drop));
+#pragma omp parallel for if (n > 100000)
+  for (size_t i = 0; i < n; ++i) out[i] = x[i] + (drop.p == 0 || dropout_keeps(drop, i) ? y[i] * scale : T(0));
+}
+
+// Post-LN's sub-layer end: sum = x + Dropout(y), out = LayerNorm(sum) [§3.1]. The GPU does it in one
+// pass per row.
+template <typename T>
+void residual_dropout_layernorm_forward(T* out, T* sum, T* mean, T* rstd, const T* x, const T* y, DropoutKey drop, const T* g,
+                                        const T* b, int M, int D, double eps) {
+  residual_dropout_forward(sum, x, y, drop, (size_t)M * D);
+  layernorm_forward(out, mean, rstd, sum, g, b, M, D, eps);
+}
+
 template <typename T> void residual_backward(T* dx, T* dy, const T* dout, size_t n) {
   // BEGIN SOLUTION task=sublayer_connection_backward points=6
 #pragma omp parallel for if (n > 100000)
@@ -857,7 +874,8 @@ static void prepare_activations(Activations<T>& a, const Config& c, const Batch&
 // forwards to namespace cpu; GpuOps (in the GPU section) to namespace gpu, with the same names.
 #define TRANSFORMER_OPS(X)                                                                                       \
   X(embedding_forward) X(embedding_backward) X(dropout_forward) X(dropout_backward) X(layernorm_forward)        \
-  X(layernorm_backward) X(residual_forward) X(residual_backward) X(multihead_attention_forward)                 \
+  X(layernorm_backward) X(residual_dropout_forward) X(residual_dropout_layernorm_forward) X(residual_backward)      \
+  X(multihead_attention_forward)                                                                                \
   X(multihead_attention_backward) X(ffn_forward) X(ffn_backward) X(output_projection_forward)                   \
   X(output_projection_backward) X(label_smoothed_xent_forward) X(label_smoothed_xent_backward)                  \
   X(adam_update) X(grad_norm) X(scale_grads) X(linear_forward) X(attention_forward) X(log_softmax) X(copy_rows)
@@ -905,13 +923,10 @@ static void sublayer_connection_forward(const SublayerActs<T>& a, const T* x, co
   if (c.pre_ln) {
     Ops::layernorm_forward(a.norm, a.mean, a.rstd, x, ln.g, ln.b, M, c.D, c.ln_eps);
     sublayer(a.norm, a.y);
-    Ops::dropout_forward(a.y, a.y, drop, n);
-    Ops::residual_forward(a.out, x, a.y, n);
+    Ops::residual_dropout_forward(a.out, x, a.y, drop, n);
   } else {
     sublayer(x, a.y);
-    Ops::dropout_forward(a.y, a.y, drop, n);
-    Ops::residual_forward(a.sum, x, a.y, n);
-    Ops::layernorm_forward(a.out, a.mean, a.rstd, a.sum, ln.g, ln.b, M, c.D, c.ln_eps);
+    Ops::residual_dropout_layernorm_forward(a.out, a.sum, a.mean, a.rstd, x, a.y, drop, ln.g, ln.b, M, c.D, c.ln_eps);
   }
 }
 
@@ -1785,6 +1800,7 @@ template <typename T> std::vector<const void*> instantiate_for() {
       (const void*)&cpu::multihead_attention_forward<T>, (const void*)&cpu::multihead_attention_backward<T>,
       (const void*)&cpu::ffn_forward<T>, (const void*)&cpu::ffn_backward<T>, (const void*)&cpu::layernorm_forward<T>,
       (const void*)&cpu::layernorm_backward<T>, (const void*)&cpu::residual_forward<T>, (const void*)&cpu::residual_backward<T>,
+      (const void*)&cpu::residual_dropout_forward<T>, (const void*)&cpu::residual_dropout_layernorm_forward<T>,
       (const void*)&cpu::output_projection_forward<T>, (const void*)&cpu::output_projection_backward<T>,
       (const void*)&cpu::label_smoothed_xent_forward<T>, (const void*)&cpu::label_smoothed_xent_backward<T>,
       (const void*)&cpu::adam_update<T>, (const void*)&cpu::grad_norm<T>, (const void*)&cpu::scale_grads<T>,
@@ -2339,12 +2355,39 @@ void layernorm_backward(float* din, float* dg, float* db, const float* dout, con
   LAUNCH(layernorm_param_grads_kernel, (M + kLnRows - 1) / kLnRows, kRowThreads, 0, dg, db, dout, in, mean, rstd, M, D);
 }
 
-__global__ void residual_forward_kernel(float* out, const float* x, const float* y, size_t n) { GRID_STRIDE(i, n) out[i] = x[i] + y[i]; }
+// x + Dropout(y) of element i: the sub-layer's output dropped and added to its input [§3.1, §5.4]
+__device__ float residual_dropout(const float* x, const float* y, DropoutKey drop, float scale, size_t i) {
+  return x[i] + (drop.p == 0 || dropout_keeps(drop, i) ? y[i] * scale : 0.f);
+}
+__global__ void residual_dropout_kernel(float* out, const float* x, const float* y, DropoutKey drop, float scale, size_t n) {
+  GRID_STRIDE(i, n) out[i] = residual_dropout(x, y, drop, scale, i);
+}
+// One block per row: the residual sum with its dropout, then LayerNorm of the sum, in one pass (the sum
+// is kept: the backward reads it). LayerNorm's arithmetic is layernorm_forward_kernel's.
+__global__ void residual_dropout_layernorm_kernel(float* out, float* sum, float* mean, float* rstd, const float* x, const float* y,
+                                                  DropoutKey drop, float scale, const float* g, const float* b, int D, float eps) {
+  __shared__ float red[kRowThreads];
+  const size_t row = (size_t)blockIdx.x * D;
+  float s = 0;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) s += sum[row + d] = residual_dropout(x, y, drop, scale, row + d);
+  const float mu = block_sum(s, red) / D;
+  float v = 0;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) v += (sum[row + d] - mu) * (sum[row + d] - mu);  // this thread's own writes
+  const float rs = 1.f / sqrtf(block_sum(v, red) / D + eps);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) out[row + d] = (sum[row + d] - mu) * rs * g[d] + b[d];
+  if (threadIdx.x == 0) mean[blockIdx.x] = mu, rstd[blockIdx.x] = rs;
+}
 __global__ void residual_backward_kernel(float* dx, float* dy, const float* dout, size_t n) {
   GRID_STRIDE(i, n) dx[i] += dout[i], dy[i] += dout[i];
 }
-void residual_forward(float* out, const float* x, const float* y, size_t n) {
-  if (n) LAUNCH(residual_forward_kernel, blocks_for(n), 256, 0, out, x, y, n);
+void residual_dropout_forward(float* out, const float* x, const float* y, DropoutKey drop, size_t n) {
+  if (n) LAUNCH(residual_dropout_kernel, blocks_for(n), 256, 0, out, x, y, drop, (float)dropout_scale(drop), n);
+}
+void residual_dropout_layernorm_forward(float* out, float* sum, float* mean, float* rstd, const float* x, const float* y,
+                                        DropoutKey drop, const float* g, const float* b, int M, int D, double eps) {
+  if (M == 0) return;
+  LAUNCH(residual_dropout_layernorm_kernel, M, kRowThreads, 0, out, sum, mean, rstd, x, y, drop, (float)dropout_scale(drop), g, b, D,
+         (float)eps);
 }
 void residual_backward(float* dx, float* dy, const float* dout, size_t n) {
   if (n) LAUNCH(residual_backward_kernel, blocks_for(n), 256, 0, dx, dy, dout, n);

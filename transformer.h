@@ -395,6 +395,12 @@ void layernorm_backward(T* din, T* dg, T* db, const T* dout, const T* in, const 
 
 // [§3.1] out = x + y
 template <typename T> void residual_forward(T* out, const T* x, const T* y, size_t n);
+// out = x + Dropout(y): the residual connection around a sub-layer, its dropout included (y unchanged).
+template <typename T> void residual_dropout_forward(T* out, const T* x, const T* y, DropoutKey drop, size_t n);
+// Post-LN's end of a sub-layer: sum = x + Dropout(y), out = LayerNorm(sum) with its mean and rstd.
+template <typename T>
+void residual_dropout_layernorm_forward(T* out, T* sum, T* mean, T* rstd, const T* x, const T* y, DropoutKey drop, const T* g,
+                                        const T* b, int M, int D, double eps);
 template <typename T> void residual_backward(T* dx, T* dy, const T* dout, size_t n);
 
 // [§3.4] logits (M,V) = y (M,D) @ emb^T: the pre-softmax projection shares the embedding matrix
@@ -509,7 +515,9 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* in, co
                        double eps);
 void layernorm_backward(float* din, float* dg, float* db, const float* dout, const float* in, const float* g,
                         const float* mean, const float* rstd, int M, int D);
-void residual_forward(float* out, const float* x, const float* y, size_t n);
+void residual_dropout_forward(float* out, const float* x, const float* y, DropoutKey drop, size_t n);
+void residual_dropout_layernorm_forward(float* out, float* sum, float* mean, float* rstd, const float* x, const float* y,
+                                        DropoutKey drop, const float* g, const float* b, int M, int D, double eps);
 void residual_backward(float* dx, float* dy, const float* dout, size_t n);
 void output_projection_forward(float* logits, const float* y, const float* emb, int M, int D, int V);
 void output_projection_backward(float* dy, float* demb, const float* dlogits, const float* y, const float* emb, int M, int D,

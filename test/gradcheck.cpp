@@ -129,7 +129,7 @@ static void check_ops(Checker& ck, Rand& rng) {
                [&](Vec& out) { cpu::embedding_forward(out.data(), ids.data(), emb.data(), B, L, D); },
                [&](const Vec& d) { cpu::embedding_backward(demb.data(), d.data(), ids.data(), B, L, D); }, rng);
   }
-  // dropout and residual
+  // dropout and residual, and the two as one forward (residual_dropout_forward)
   {
     const size_t n = 33;
     Vec x = rng.vec(n), y = rng.vec(n), dx, dy;
@@ -139,6 +139,13 @@ static void check_ops(Checker& ck, Rand& rng) {
     check_pair(ck, "residual", {{"x", &x, &dx}, {"y", &y, &dy}}, n,
                [&](Vec& out) { cpu::residual_forward(out.data(), x.data(), y.data(), n); },
                [&](const Vec& d) { cpu::residual_backward(dx.data(), dy.data(), d.data(), n); }, rng);
+    check_pair(ck, "residual_dropout", {{"x", &x, &dx}, {"y", &y, &dy}}, n,
+               [&](Vec& out) { cpu::residual_dropout_forward(out.data(), x.data(), y.data(), drop, n); },
+               [&](const Vec& d) {  // the backward the sub-layer connection runs: the residual's, then dropout's
+                 Vec dsum(n);
+                 cpu::residual_backward(dx.data(), dsum.data(), d.data(), n);
+                 cpu::dropout_backward(dy.data(), dsum.data(), drop, n);
+               }, rng);
   }
   // output projection through the shared embedding matrix
   {

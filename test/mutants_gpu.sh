@@ -22,7 +22,7 @@ mutants=(
   "off-by-one grid-stride bound (i <= n)|threadIdx.x; i < (n); i += |threadIdx.x; i <= (n); i += "
   "wrong transpose flag in the products (op(B))|opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;|opb = tb ? CUBLAS_OP_N : CUBLAS_OP_T;"
   "wrong leading dimension in cublasSgemm (A with ldb)|&one, B.f, ldb, A.f, lda,|&one, B.f, ldb, A.f, ldb,"
-  "write past the end by the last block (LayerNorm's mean)|if (threadIdx.x == 0) mean[blockIdx.x] = mu,|if (threadIdx.x == 0) mean[blockIdx.x + (blockIdx.x + 1 == gridDim.x)] = mu,"
+  "write past the end by the last block (LayerNorm's mean)|y[d] = (x[d] - mu) * rs * g[d] + b[d];\n  if (threadIdx.x == 0) mean[blockIdx.x] = mu,|y[d] = (x[d] - mu) * rs * g[d] + b[d];\n  if (threadIdx.x == 0) mean[blockIdx.x + (blockIdx.x + 1 == gridDim.x)] = mu,"
   "accumulating output not zeroed (attention's dq scratch)|  fill(s.q, 0, (size_t)B * Lq * D);\n|"
   "race on a shared array (attention backward's dL/ds read before all are written)|dsh[j] = pr[j] * (dsh[j] - rowdot) * scale;\n  __syncthreads();|dsh[j] = pr[j] * (dsh[j] - rowdot) * scale;"
   "stale bf16 copy of the parameters (Adam's pass leaves it)|    if (copy) copy[i] = __float2bfloat16(params[i]);\n|"

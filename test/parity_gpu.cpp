@@ -313,14 +313,27 @@ int main() {
     const double sum_floor = kFloor * std::max(1, rows / 10);
     rep.same(dg, "layernorm_backward dg" + tag, sum_floor);
     rep.same(db, "layernorm_backward db" + tag, sum_floor);
+    Buf x(r.vec((size_t)rows * width, -3, 5)), y(r.vec((size_t)rows * width)), sum(zeros((size_t)rows * width));
+    out.poison(), mean.poison(), rstd.poison(), sum.poison();
+    cpu::residual_dropout_layernorm_forward(out.h.data(), sum.h.data(), mean.h.data(), rstd.h.data(), x.h.data(), y.h.data(), drop,
+                                            g.h.data(), b.h.data(), rows, width, 1e-6);
+    gpu::residual_dropout_layernorm_forward(out.d, sum.d, mean.d, rstd.d, x.d, y.d, drop, g.d, b.d, rows, width, 1e-6);
+    rep.same(out, "residual_dropout_layernorm_forward" + tag);
+    rep.same(sum, "residual_dropout_layernorm_forward sum" + tag);
+    rep.same(mean, "residual_dropout_layernorm_forward mean" + tag);
+    rep.same(rstd, "residual_dropout_layernorm_forward rstd" + tag);
   }
   {
     const size_t n = (size_t)M * D;
     Buf x(r.vec(n)), y(r.vec(n)), sum(zeros(n)), dout(r.vec(n)), dx(r.vec(n)), dy(r.vec(n));
-    sum.poison();
-    cpu::residual_forward(sum.h.data(), x.h.data(), y.h.data(), n);
-    gpu::residual_forward(sum.d, x.d, y.d, n);
-    rep.same(sum, "residual_forward");
+    for (DropoutKey key : {none, drop}) {
+      const std::string tag = key.p > 0 ? " (p = 0.1)" : " (no dropout)";
+      sum.poison();
+      cpu::residual_dropout_forward(sum.h.data(), x.h.data(), y.h.data(), key, n);
+      gpu::residual_dropout_forward(sum.d, x.d, y.d, key, n);
+      rep.same(sum, "residual_dropout_forward" + tag);
+      rep.same(y, "residual_dropout_forward leaves y" + tag);
+    }
     cpu::residual_backward(dx.h.data(), dy.h.data(), dout.h.data(), n);
     gpu::residual_backward(dx.d, dy.d, dout.d, n);
     rep.same(dx, "residual_backward dx");
