@@ -2452,13 +2452,12 @@ double label_smoothed_xent_forward(float* lse, const float* logits, const int* t
   double qt, qo;
   cpu::smoothing_weights(eps, form, V, &qt, &qo);
   if (M == 0) return 0;
-  CUDA_CHECK(cudaMemsetAsync(scalar(kLossSum), 0, sizeof(double)));
-  CUDA_CHECK(cudaMemsetAsync(scalar(kTokenCount), 0, sizeof(double)));
+  static_assert(kTokenCount == kLossSum + 1, "the loss and its token count are neighbours: one memset, one read");
+  CUDA_CHECK(cudaMemsetAsync(scalar(kLossSum), 0, 2 * sizeof(double)));
   LAUNCH(xent_forward_kernel, M, kRowThreads, 0, lse, scalar(kLossSum), scalar(kTokenCount), logits, targets, V, qt, qo, pad);
-  double total = 0, n = 0;  // the one read-back of a step: the sum over real tokens and their count
-  CUDA_CHECK(cudaMemcpy(&total, scalar(kLossSum), sizeof(double), cudaMemcpyDeviceToHost));
-  CUDA_CHECK(cudaMemcpy(&n, scalar(kTokenCount), sizeof(double), cudaMemcpyDeviceToHost));
-  return n > 0 ? total / n : 0.0;
+  double sums[2];  // the one read-back of a step: the loss summed over real tokens, and their count
+  CUDA_CHECK(cudaMemcpy(sums, scalar(kLossSum), sizeof sums, cudaMemcpyDeviceToHost));
+  return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
 }
 
 void label_smoothed_xent_backward(float* dlogits, const float* logits, const float* lse, const int* targets, int M, int V,
