@@ -2005,10 +2005,12 @@ std::vector<float> bf16_copy(const float* p, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] = __bfloat162float(h[i]);
   return out;
 }
-// Scratch for rounded operands, two slots (a product's two operands), grown when a larger one is needed.
-static bf16* bf16_scratch(int slot, size_t n) {
-  static bf16* p[2] = {nullptr, nullptr};
-  static size_t size[2] = {0, 0};
+// Scratch for rounded operands, one per role, grown when a larger one is needed: a product's left and
+// right operands, and an input that several products share (rounded once for all of them).
+enum Slot { kLeft, kRight, kShared, kSlots };
+static bf16* bf16_scratch(Slot slot, size_t n) {
+  static bf16* p[kSlots] = {};
+  static size_t size[kSlots] = {};
   if (n > size[slot]) {
     if (p[slot]) release(p[slot]);
     p[slot] = nullptr, size[slot] = 0;  // if the allocation fails
@@ -2022,7 +2024,7 @@ struct Operand {
   const bf16* h;
 };
 // The operand of `extent` elements at p (a row-major matrix's (rows - 1) * ld + cols) as the product reads it.
-static Operand operand(const float* p, size_t extent, int slot) {
+static Operand operand(const float* p, size_t extent, Slot slot) {
   if (products() != Precision::bf16 || extent == 0) return {p, nullptr};
   if (const bf16* c = bf16_copy_of(p)) return {p, c};
   bf16* s = bf16_scratch(slot, extent);
@@ -2047,8 +2049,18 @@ static void gemm_operands(bool ta, bool tb, int M, int N, int K, Operand A, int 
 void gemm(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc,
           bool accumulate) {
   if (M == 0 || N == 0) return;
-  gemm_operands(ta, tb, M, N, K, operand(A, ta ? extent(K, M, lda) : extent(M, K, lda), 0), lda,
-                operand(B, tb ? extent(N, K, ldb) : extent(K, N, ldb), 1), ldb, C, ldc, accumulate);
+  gemm_operands(ta, tb, M, N, K, operand(A, ta ? extent(K, M, lda) : extent(M, K, lda), kLeft), lda,
+                operand(B, tb ? extent(N, K, ldb) : extent(K, N, ldb), kRight), ldb, C, ldc, accumulate);
+}
+// out = in @ w for an input already as the products read it (an input several products share)
+static void project(float* out, Operand in, const float* w, int M, int I, int O) {
+  gemm_operands(false, false, M, O, I, in, I, operand(w, (size_t)I * O, kRight), O, out, O, false);
+}
+// Its backward: din += dout @ w^T, dw += in^T @ dout, dout rounded once for both (in must not be in kLeft).
+static void project_backward(float* din, float* dw, const float* dout, Operand in, const float* w, int M, int I, int O) {
+  const Operand d = operand(dout, (size_t)M * O, kLeft);
+  if (din) gemm_operands(false, true, M, I, O, d, O, operand(w, (size_t)I * O, kRight), O, din, I, true);
+  if (dw) gemm_operands(true, false, I, O, M, in, I, d, O, dw, O, true);
 }
 
 __global__ void add_bias_kernel(float* out, const float* b, size_t M, int O) { GRID_STRIDE(i, M * O) out[i] += b[i % O]; }
@@ -2073,9 +2085,7 @@ void linear_forward(float* out, const float* in, const float* w, const float* b,
 
 void linear_backward(float* din, float* dw, float* db, const float* dout, const float* in, const float* w, int M, int I, int O) {
   // forward was: out = in @ w + b; so now: din += dout @ w^T, dw += in^T @ dout, db += sum_rows dout
-  const Operand d = operand(dout, (size_t)M * O, 0);  // rounded once (bf16) for both products
-  if (din) gemm_operands(false, true, M, I, O, d, O, operand(w, (size_t)I * O, 1), O, din, I, true);
-  if (dw) gemm_operands(true, false, I, O, M, operand(in, (size_t)M * I, 1), I, d, O, dw, O, true);
+  project_backward(din, dw, dout, dw ? operand(in, (size_t)M * I, kShared) : Operand{in, nullptr}, w, M, I, O);
   if (db && M > 0) gemm_operands(false, false, 1, O, M, {ones(M), nullptr}, M, {dout, nullptr}, O, db, O, true);  // ones^T @ dout, fp32
 }
 
@@ -2228,10 +2238,12 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dctx, cons
 void multihead_attention_forward(float* out, const AttentionActs<float>& a, const float* xq, const float* xkv,
                                  const AttentionWeights<float>& w, const uint8_t* key_valid, bool causal, DropoutKey drop,
                                  int B, int Lq, int Lk, int D, int H) {
-  // [§3.2.2] Q = xq Wq, K = xkv Wk, V = xkv Wv; Concat(heads) W^O
-  linear_forward(a.q, xq, w.wq, nullptr, B * Lq, D, D);
-  linear_forward(a.k, xkv, w.wk, nullptr, B * Lk, D, D);
-  linear_forward(a.v, xkv, w.wv, nullptr, B * Lk, D, D);
+  // [§3.2.2] Q = xq Wq, K = xkv Wk, V = xkv Wv; Concat(heads) W^O. In bf16 each input is rounded once.
+  const Operand q_in = operand(xq, (size_t)B * Lq * D, kShared);
+  const Operand kv_in = xkv == xq ? q_in : operand(xkv, (size_t)B * Lk * D, kLeft);
+  project(a.q, q_in, w.wq, B * Lq, D, D);
+  project(a.k, kv_in, w.wk, B * Lk, D, D);
+  project(a.v, kv_in, w.wv, B * Lk, D, D);
   attention_forward(a.ctx, a.p, a.q, a.k, a.v, key_valid, causal, drop, B, Lq, Lk, D, H);
   linear_forward(out, a.ctx, w.wo, nullptr, B * Lq, D, D);
 }
@@ -2247,9 +2259,10 @@ void multihead_attention_backward(float* dxq, float* dxkv, const AttentionWeight
   fill(s.v, 0, (size_t)B * Lk * D);
   linear_backward(s.ctx, dw.wo, nullptr, dout, a.ctx, w.wo, B * Lq, D, D);
   attention_backward(s.q, s.k, s.v, s.ctx, a.p, a.q, a.k, a.v, drop, B, Lq, Lk, D, H);
-  linear_backward(dxkv, dw.wv, nullptr, s.v, xkv, w.wv, B * Lk, D, D);
-  linear_backward(dxkv, dw.wk, nullptr, s.k, xkv, w.wk, B * Lk, D, D);
-  linear_backward(dxq, dw.wq, nullptr, s.q, xq, w.wq, B * Lq, D, D);
+  const Operand kv_in = operand(xkv, (size_t)B * Lk * D, kShared);  // in bf16 rounded once for dWv and dWk
+  project_backward(dxkv, dw.wv, s.v, kv_in, w.wv, B * Lk, D, D);
+  project_backward(dxkv, dw.wk, s.k, kv_in, w.wk, B * Lk, D, D);
+  project_backward(dxq, dw.wq, s.q, xq == xkv ? kv_in : operand(xq, (size_t)B * Lq * D, kShared), w.wq, B * Lq, D, D);
 }
 
 // ---- [Eq. 2, §3.3] the feed-forward network ----------------------------------------------------------
@@ -2400,9 +2413,9 @@ void output_projection_forward(float* logits, const float* y, const float* emb, 
 void output_projection_backward(float* dy, float* demb, const float* dlogits, const float* y, const float* emb, int M, int D,
                                 int V) {
   // forward was: logits = y @ emb^T; so now: dy += dlogits @ emb, demb += dlogits^T @ y
-  const Operand d = operand(dlogits, (size_t)M * V, 0);  // rounded once (bf16) for both products
-  gemm_operands(false, false, M, D, V, d, V, operand(emb, (size_t)V * D, 1), D, dy, D, true);
-  gemm_operands(true, false, V, D, M, d, V, operand(y, (size_t)M * D, 1), D, demb, D, true);
+  const Operand d = operand(dlogits, (size_t)M * V, kLeft);  // rounded once (bf16) for both products
+  gemm_operands(false, false, M, D, V, d, V, operand(emb, (size_t)V * D, kRight), D, dy, D, true);
+  gemm_operands(true, false, V, D, M, d, V, operand(y, (size_t)M * D, kRight), D, demb, D, true);
 }
 
 // ---- §5.4 label-smoothed cross-entropy: softmax and loss fused, one block per row -------------------

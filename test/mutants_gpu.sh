@@ -26,7 +26,7 @@ mutants=(
   "accumulating output not zeroed (attention's dq scratch)|  fill(s.q, 0, (size_t)B * Lq * D);\n|"
   "race on a shared array (attention backward's dL/ds read before all are written)|dsh[j] = pr[j] * (dsh[j] - rowdot) * scale;\n  __syncthreads();|dsh[j] = pr[j] * (dsh[j] - rowdot) * scale;"
   "stale bf16 copy of the parameters (Adam's pass leaves it)|    if (copy) copy[i] = __float2bfloat16(params[i]);\n|"
-  "a product's two bf16 operands rounded into one scratch buffer (linear_backward)|d, O, operand(w, (size_t)I * O, 1), O,|d, O, operand(w, (size_t)I * O, 0), O,"
+  "a product's two bf16 operands rounded into one scratch buffer (project_backward)|d, O, operand(w, (size_t)I * O, kRight), O,|d, O, operand(w, (size_t)I * O, kLeft), O,"
 )
 
 # build NAME ORIGINAL MUTATED: a parity_gpu binary in $work/NAME from the mutated copy

@@ -533,7 +533,9 @@ int main() {
 #endif
     gpu::drop_bf16_copy(p.d);
   }
-  constexpr double kBf16Tol = 2e-2;  // measured worst below: see NOTES, "bf16 products"
+  // An op with one product per output; one that chains products (attention: the projections, then W^O of
+  // the context) rounds twice. Measured worst below: see NOTES, "bf16 products".
+  constexpr double kBf16Tol = 2e-2, kBf16Chain = 5e-2;
   {
     const int I = 11, O = 7;
     Buf in(r.vec((size_t)M * I)), w(r.vec((size_t)I * O)), b(r.vec(O)), out(zeros((size_t)M * O));
@@ -562,7 +564,7 @@ int main() {
   // (d 12) is ill-conditioned, and rounding its weights alone to bf16, in double on the CPU, moves single
   // gradient tensors by up to 32% (L2). So the gradient is held as a whole: its relative L2 error over every
   // parameter, and each tensor's direction (cosine); the gradient of another batch must fail both bounds.
-  constexpr double kLossTol = 5e-3, kGradL2 = 0.08, kGradCos = 0.98;
+  constexpr double kLossTol = 5e-3, kGradL2 = 0.15, kGradCos = 0.95;
   struct Agreement {
     double l2, worst_cos;
     std::string where;
@@ -581,6 +583,40 @@ int main() {
     a.l2 = std::sqrt(std::fmax(diff, 0) / norm);
     return a;
   };
+  for (bool self : {false, true}) {  // attention's projections: each input rounded once for its products
+    const int lk = self ? Lq : Lk;
+    std::vector<uint8_t> valid((size_t)B * lk, 1);
+    valid[lk - 1] = 0;
+    uint8_t* dvalid = gpu::alloc_bytes(valid.size());
+    gpu::upload(dvalid, valid.data(), valid.size());
+    Buf xq(r.vec((size_t)M * D)), xkv(r.vec((size_t)B * lk * D)), wq(r.vec(D * D)), wk(r.vec(D * D)), wv(r.vec(D * D)), wo(r.vec(D * D));
+    Buf aq(zeros((size_t)M * D)), ak(zeros((size_t)B * lk * D)), av(zeros((size_t)B * lk * D)), ap(zeros((size_t)B * H * Lq * lk)),
+        actx(zeros((size_t)M * D)), out(zeros((size_t)M * D)), sq(zeros((size_t)M * D)), sk(zeros((size_t)B * lk * D)),
+        sv(zeros((size_t)B * lk * D)), sctx(zeros((size_t)M * D));
+    Buf dout(r.vec((size_t)M * D)), dxq(r.vec((size_t)M * D)), dxkv(r.vec((size_t)B * lk * D));
+    Buf dwq(r.vec(D * D)), dwk(r.vec(D * D)), dwv(r.vec(D * D)), dwo(r.vec(D * D));
+    const float* hkv = self ? xq.h.data() : xkv.h.data();  // self-attention: the same input on both sides
+    const float* dkv = self ? xq.d : xkv.d;
+    float* dxkv_h = self ? dxq.h.data() : dxkv.h.data();
+    float* dxkv_d = self ? dxq.d : dxkv.d;
+    auto host = [](Buf& a, Buf& b, Buf& c, Buf& d) { return AttentionWeights<float>{a.h.data(), b.h.data(), c.h.data(), d.h.data()}; };
+    auto dev = [](Buf& a, Buf& b, Buf& c, Buf& d) { return AttentionWeights<float>{a.d, b.d, c.d, d.d}; };
+    AttentionActs<float> ha{aq.h.data(), ak.h.data(), av.h.data(), ap.h.data(), actx.h.data()}, da{aq.d, ak.d, av.d, ap.d, actx.d};
+    AttentionActs<float> hs{sq.h.data(), sk.h.data(), sv.h.data(), nullptr, sctx.h.data()}, ds{sq.d, sk.d, sv.d, nullptr, sctx.d};
+    const std::string tag = self ? " (self, causal)" : " (cross)";
+    cpu::multihead_attention_forward(out.h.data(), ha, xq.h.data(), hkv, host(wq, wk, wv, wo), valid.data(), self, drop, B, Lq, lk, D, H);
+    gpu::multihead_attention_forward(out.d, da, xq.d, dkv, dev(wq, wk, wv, wo), dvalid, self, drop, B, Lq, lk, D, H);
+    same_bf16(ck, out.get(), out.h, kBf16Chain, "bf16 multihead_attention_forward" + tag);
+    cpu::multihead_attention_backward(dxq.h.data(), dxkv_h, host(dwq, dwk, dwv, dwo), dout.h.data(), ha, hs, xq.h.data(), hkv,
+                                      host(wq, wk, wv, wo), drop, B, Lq, lk, D, H);
+    gpu::multihead_attention_backward(dxq.d, dxkv_d, dev(dwq, dwk, dwv, dwo), dout.d, da, ds, xq.d, dkv, dev(wq, wk, wv, wo), drop, B, Lq,
+                                      lk, D, H);
+    same_bf16(ck, dxq.get(), dxq.h, kBf16Chain, "bf16 multihead_attention_backward dxq" + tag);
+    if (!self) same_bf16(ck, dxkv.get(), dxkv.h, kBf16Chain, "bf16 multihead_attention_backward dxkv" + tag);
+    for (auto [b, name] : {std::pair{&dwq, "dWq"}, std::pair{&dwk, "dWk"}, std::pair{&dwv, "dWv"}, std::pair{&dwo, "dWo"}})
+      same_bf16(ck, b->get(), b->h, kBf16Chain, std::string("bf16 multihead_attention_backward ") + name + tag);
+    gpu::release(dvalid);
+  }
   for (bool pre_ln : {false, true}) {
     Config c = config_preset("tiny");
     c.N = 2, c.D = 12, c.F = 20, c.H = 3, c.V = 37, c.max_len = 16, c.pre_ln = pre_ln;
