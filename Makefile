@@ -18,7 +18,7 @@
 
 CXX      ?= g++
 CXXFLAGS ?= -O3 -g
-CXXFLAGS += -std=c++17 -Wall -Wextra -Wno-unused-parameter -march=native
+CXXFLAGS += -std=c++17 -Wall -Wextra -Wno-unused-parameter
 LDLIBS   :=
 BUILD    := build
 
@@ -108,7 +108,7 @@ EMU_LDLIBS   := $(shell pkg-config --libs libutf8proc) $(filter -fopenmp $(SANIT
 EMU_TESTS    := $(EMU_BUILD)/test/parity_gpu $(EMU_BUILD)/test/cuda_emulator $(EMU_BUILD)/train
 
 # ---- sources -----------------------------------------------------------------------------------
-LIB_OBJS := $(patsubst %.cu,$(BUILD)/%.o,$(wildcard transformer.cu)) $(patsubst %.cpp,$(BUILD)/%.o,$(wildcard tokenizer.cpp data/*.cpp))
+LIB_OBJS := $(patsubst %.cu,$(BUILD)/%.o,$(wildcard transformer.cu)) $(patsubst %.cpp,$(BUILD)/%.o,$(wildcard gemm.cpp tokenizer.cpp data/*.cpp))
 PROGRAMS := $(basename $(wildcard train.cpp translate.cpp))
 TESTS    := $(patsubst test/%.cpp,$(BUILD)/test/%,$(filter-out test/cuda_emulator.cpp,$(wildcard test/*.cpp)))
 HEADERS  := $(wildcard *.h data/*.h test/*.h)

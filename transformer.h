@@ -334,6 +334,17 @@ namespace cpu {
 template <typename T>
 void gemm(bool ta, bool tb, int M, int N, int K, const T* A, int lda, const T* B, int ldb, T* C, int ldc,
           bool accumulate);
+// The float product has a fast form (gemm.cpp): a register-tile kernel for the instruction set the CPU
+// has, chosen at run time. gemm_with runs a given kernel (the tests and benchmarks try each one).
+template <>
+void gemm<float>(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C,
+                 int ldc, bool accumulate);
+enum class GemmKernel { automatic, avx512, avx2, generic };
+const char* gemm_kernel_name(GemmKernel k);
+bool gemm_kernel_supported(GemmKernel k);  // this build has the kernel and this CPU runs it
+GemmKernel gemm_best_kernel();             // what automatic chooses
+void gemm_with(GemmKernel k, bool ta, bool tb, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
+               float* C, int ldc, bool accumulate);
 
 // [§3.4, §3.5] out = emb[ids] * sqrt(D) + PE; position t of each row is first_pos + t (decoding embeds
 // one position at a time)

@@ -7,6 +7,7 @@
 set(BIN "../build/test")
 set(ROOT "..")
 add_test(gradcheck "${BIN}/gradcheck")
+add_test(gemm "${BIN}/gemm")
 add_test(model_golden "${BIN}/model_golden" "${ROOT}/test/golden/model/tiny_postln.txt" "${ROOT}/test/golden/model/tiny_preln.txt")
 add_test(paper_values "${BIN}/paper_values")
 add_test(notes_refs bash "${ROOT}/test/notes_refs.sh" "${ROOT}")
