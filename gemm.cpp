@@ -11,7 +11,6 @@
 // differently from one another (the AVX kernels fuse each multiply-add).
 #include <algorithm>
 #include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <stdexcept>
 
