@@ -7,12 +7,19 @@
 #   6.   what one training step asks of the GPU, small and base models at 256 x 32 tokens a side: kernel
 #        launches, cuBLAS calls, copies, device memory, counted by the emulated GPU (build/grade/test/bench
 #        --count, a dry run: each launch and product checked and counted, not run), on any machine
+#   7.   with BENCH_LATE_RUN=DIR: throughput late in a long run (below)
 # With a GPU (a CUDA build on a machine that has one) the rows run there at full size: 256 x 32 tokens a
 # side, fp32, TF32 and bf16 (against PyTorch's bf16 eager and torch.compile), 3 epochs, all 1000 test
 # sentences. Where python3 has torch with CUDA, the PyTorch
 # reference (torch_ref.py: .ref/ on the GPU machine, else ../shared/bench/) runs the same shapes in the
 # same call and each figure is also given as a ratio: PyTorch's time / ours (above 1: we are faster).
-# Without a GPU every row runs on the CPU with smaller batches and fewer steps, and it says so.
+# Without a GPU every row runs on the CPU with smaller batches and fewer steps, and it says so; where a
+# python3 has torch (python3, $TORCH_PYTHON, or ~/torch-venv/bin/python), the PyTorch CPU peer
+# (torch_cpu_step.py: .ref/, else ../shared/bench/) runs the step rows alternately with ours, $BENCH_RUNS
+# times each (default 3), and the ratio is given for the fastest and the median run. Each of our CPU rows
+# also gives its peak resident memory. With BENCH_LATE_RUN=DIR (the folder of a long `./train` run of the
+# small config on Multi30k) row 7 resumes it for a few steps: tokens/s late in training beside row 3's
+# fresh figure. Before the rows: this machine's fp32 peak and the gemm on the model's shapes (gemm_bench).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bench=./build/test/bench
@@ -41,9 +48,28 @@ else
 fi
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-row "figure" "ours" "$([ $torch = 1 ] && echo 'PyTorch / ours')"
+cpu_torch=""  # the PyTorch CPU peer: a python with torch and torch_cpu_step.py
+if [ $device = cpu ]; then
+  step_ref=""
+  for f in .ref/torch_cpu_step.py ../shared/bench/torch_cpu_step.py; do [ -f "$f" ] && { step_ref=$f; break; }; done
+  for py in python3 "${TORCH_PYTHON:-}" ~/torch-venv/bin/python; do
+    if [ -n "$step_ref" ] && [ -n "$py" ] && "$py" -c 'import torch' 2> /dev/null; then cpu_torch="$py $step_ref"; break; fi
+  done
+  echo "PyTorch CPU peer: ${cpu_torch:-not run (no python3 with torch, or no torch_cpu_step.py)}"
+  ./build/test/gemm_bench | sed 's/^/  /'
+fi
+runs=${BENCH_RUNS:-3}
+rss() { /usr/bin/time -f 'RSS_KB=%M' "$@" 2>&1; }  # a command's output, then its peak resident memory
+mb() { awk -v k="$1" 'BEGIN { printf "%.0f", k / 1024 }'; }
+stats() { sort -g | awk '{ v[NR] = $1 } END { if (NR) printf "%s %s", v[1], v[int((NR + 1) / 2)] }'; }  # min median
+row "figure" "ours" "$([ $torch = 1 ] && echo 'PyTorch / ours')$([ -n "$cpu_torch" ] && echo 'PyTorch / ours (fastest, median)')"
 
 # 1-2. training steps
+torch_ms() {  # PyTorch's GPU step time in precision $1 for the model in ${shape[@]}, eager or with more flags (--compile)
+  local precision=$1; shift
+  python3 "$ref" --data "$refdata" --out "$work" --microbench --precision "$precision" --batch_tokens 8192 "${shape[@]}" "$@" 2>&1 |
+    grep '^MICRO' | field step_ms || true
+}
 small_args=(--d 256 --ff 1024 --layers 3 --dropout 0.2)
 for config in base small; do
   if [ $device = cuda ]; then
@@ -54,19 +80,34 @@ for config in base small; do
   shape=()  # the reference's flags for this model (its defaults are the base model's)
   if [ $config = small ]; then shape=("${small_args[@]}"); fi
   for mode in "${modes[@]}"; do
-    out=$("$bench" --config $config --batch $batch --len 32 --device $device --precision $mode "${steps[@]}")
-    ms=$(echo "$out" | field step_ms) tps=$(echo "$out" | field tgt_tok_per_s)
-    vs=""
+    vs="" mem=""
+    if [ $device = cpu ]; then  # alternately ours and PyTorch's, $runs times; the ratios of the fastest and median
+      : > "$work/ours.txt"; : > "$work/torch.txt"
+      for ((r = 0; r < runs; r++)); do
+        out=$(rss "$bench" --config $config --batch $batch --len 32 --device cpu "${steps[@]}")
+        echo "$out" | field step_ms >> "$work/ours.txt"
+        mem=$(mb "$(echo "$out" | field RSS_KB)")
+        if [ -n "$cpu_torch" ]; then
+          $cpu_torch "${shape[@]}" --batch $batch --len 32 "${steps[@]}" 2>&1 | grep '^STEP' | field step_ms >> "$work/torch.txt" || true
+        fi
+      done
+      read -r ms ms_med < <(stats < "$work/ours.txt")
+      tps=$(awk -v b=$batch -v m="$ms" 'BEGIN { printf "%.0f", b * 32 / (m / 1e3) }')
+      if [ -s "$work/torch.txt" ]; then
+        read -r tmin tmed < <(stats < "$work/torch.txt")
+        vs="$(ratio "$tmin" "$ms"), $(ratio "$tmed" "$ms_med") (PyTorch $tmin-$tmed ms)"
+      fi
+      ms="$ms (fastest), $ms_med (median)" mem=", peak RSS ${mem} MB"
+    else
+      out=$("$bench" --config $config --batch $batch --len 32 --device $device --precision $mode "${steps[@]}")
+      ms=$(echo "$out" | field step_ms) tps=$(echo "$out" | field tgt_tok_per_s)
+    fi
     if [ $torch = 1 ]; then
-      torch_ms() {  # PyTorch's step time in this precision, eager or with the extra flags (--compile)
-        python3 "$ref" --data "$refdata" --out "$work" --microbench --precision $mode --batch_tokens 8192 "${shape[@]}" "$@" 2>&1 |
-          grep '^MICRO' | field step_ms || true
-      }
-      vs=$(ratio "$(torch_ms)" "$ms")
-      if [ $mode = bf16 ]; then vs="$vs eager, $(ratio "$(torch_ms --compile)" "$ms") torch.compile"; fi
+      vs=$(ratio "$(torch_ms $mode)" "$ms")
+      if [ $mode = bf16 ]; then vs="$vs eager, $(ratio "$(torch_ms $mode --compile)" "$ms") torch.compile"; fi
     fi
     n=$([ $config = base ] && echo 1 || echo 2)
-    row "$n. $config model step, $mode, dropout on, $batch x 32 tokens a side" "$ms ms/step, $tps target tok/s" "$vs"
+    row "$n. $config model step, $mode, dropout on, $batch x 32 tokens a side" "$ms ms/step, $tps target tok/s$mem" "$vs"
   done
 done
 
@@ -111,9 +152,10 @@ fi
 
 # 3. Multi30k training throughput on real batches (mean of log.csv's tokens/s after the first rows)
 if [ $device = cuda ]; then train_len=(--epochs 3) what="3 epochs"; else train_len=(--max-steps 6) what="6 steps"; fi
-./train --data data/multi30k --config small --device $device "${train_len[@]}" --val-sentences 0 --quiet \
-        --out "$work/run" > "$work/train.log" 2>&1
+rss ./train --data data/multi30k --config small --device $device "${train_len[@]}" --val-sentences 0 --quiet \
+    --out "$work/run" > "$work/train.log" 2>&1
 tps=$(awk -F, 'NR > 2 && $5 != "" { s += $5; n++ } END { if (n) printf "%.0f", s / n }' "$work/run/log.csv")
+mem=", peak RSS $(mb "$(field RSS_KB < "$work/train.log")") MB" fresh=$tps
 vs="" torch_decode=""
 if [ $torch = 1 ]; then
   python3 "$ref" --data "$refdata" --out "$work" "${small_args[@]}" --lr_factor 2 --batch_tokens 4096 --epochs 3 \
@@ -122,18 +164,30 @@ if [ $torch = 1 ]; then
   vs=$(ratio "$tps" "${ttps:-0}")  # a throughput: ours / PyTorch's is the same ratio as its time / ours
   torch_decode=$(sed -n 's/^RESULT .*decode_s \([0-9.]*\).*/\1/p' "$work/torch_train.log" | head -n 1)
 fi
-row "3. Multi30k en-de, small config, real 4096-token batches, $what" "$tps target tok/s" "$vs"
+row "3. Multi30k en-de, small config, real 4096-token batches, $what" "$tps target tok/s$mem" "$vs"
 
 # 4. translating test_2016_flickr with the model of row 3
 if [ $device = cuda ]; then sentences=1000; else sentences=100; fi
 head -n $sentences data/multi30k/test_2016_flickr.en > "$work/in.txt"
 for mode in "--greedy" "--beam 4"; do
-  ./translate -m "$work/run/model.bin" --device $device $mode --stats -i "$work/in.txt" -o "$work/out.txt" 2> "$work/stats.txt"
+  rss ./translate -m "$work/run/model.bin" --device $device $mode --stats -i "$work/in.txt" -o "$work/out.txt" > "$work/stats.txt"
+  mem=", peak RSS $(mb "$(field RSS_KB < "$work/stats.txt")") MB"
   s=$(sed -n 's/.* in \([0-9.]*\) s on .*/\1/p' "$work/stats.txt") tps=$(sed -n 's/.*, \([0-9]*\) tokens\/s$/\1/p' "$work/stats.txt")
   vs=""
   if [ $torch = 1 ]; then vs=$([ "$mode" = --greedy ] && ratio "${torch_decode:-0}" "$s" || echo "- (the reference has no beam search)"); fi
-  row "4. translate $sentences test_2016_flickr sentences, ${mode#--}" "$s s, $tps target tok/s" "$vs"
+  row "4. translate $sentences test_2016_flickr sentences, ${mode#--}" "$s s, $tps target tok/s$mem" "$vs"
 done
 echo "(row 4 decodes with the model of row 3, $what of training; PyTorch's greedy decoding has no K/V cache)"
+
+# 7. late in training: a long run's checkpoint resumed for 6 steps (BENCH_LATE_RUN=DIR, the small config)
+if [ -n "${BENCH_LATE_RUN:-}" ]; then
+  mkdir -p "$work/late" && cp "$BENCH_LATE_RUN/vocab.bpe" "$work/late/" && cp -L "$BENCH_LATE_RUN/model.bin" "$work/late/model.bin"
+  step=$(readlink "$BENCH_LATE_RUN/model.bin" | sed -n 's/^ckpt-0*\([0-9][0-9]*\)\.bin$/\1/p')
+  rss ./train --data data/multi30k --config small --device $device --resume --out "$work/late" --max-steps $((step + 6)) \
+      --val-sentences 0 --quiet > "$work/late.log" 2>&1
+  late=$(awk -F, -v s="$step" '$1 > s + 1 && $5 != "" { t += $5; n++ } END { if (n) printf "%.0f", t / n }' "$work/late/log.csv")
+  row "7. Multi30k, resumed at step $step of $BENCH_LATE_RUN, 6 steps" \
+      "$late target tok/s, peak RSS $(mb "$(field RSS_KB < "$work/late.log")") MB" "late / fresh (row 3): $(ratio "$late" "$fresh")"
+fi
 data_parallel_row
 gpu_counts_rows

@@ -69,7 +69,7 @@ int main() {
       for (int t = 0; t < 8; ++t) check_product(chk, k, t & 1, t & 2, s[0], s[1], s[2], t & 4, 0.0);
   // the check rejects a result off by four times its bound
   for (GemmKernel k : kernels) {
-    Checker must_fail("gemm (a wrong result)");
+    Checker must_fail("gemm, a deliberately wrong result (this FAIL line is expected)");
     check_product(must_fail, k, false, true, 25, 70, 300, false, 4.0);
     chk.expect(must_fail.failures == 1, "%s: a result off by 4x the bound was not rejected (failures %ld)",
                cpu::gemm_kernel_name(k), must_fail.failures);
