@@ -801,7 +801,7 @@ int main(int argc, char** argv) {
     std::string csv = "step,epoch,loss,lr,tokens_per_s,val_loss,val_bleu,val_exact_match\n";
     for (const LogRow& r : rows)
       csv += std::to_string(r.step) + "," + fmt(r.epoch, "%.4f") + "," + fmt(r.loss, "%.17g") + "," + fmt(r.lr, "%.6g") + "," +
-             fmt(r.tok_per_s, "%.0f") + "," + fmt(r.val_loss, "%.6g") + "," + fmt(r.val_bleu, "%.2f") + "," + fmt(r.val_exact, "%.2f") + "\n";
+             fmt(r.tok_per_s, "%.0f") + "," + fmt(r.val_loss, "%.17g") + "," + fmt(r.val_bleu, "%.2f") + "," + fmt(r.val_exact, "%.2f") + "\n";
     try {
       write_file_atomically(csv_path, csv);
     } catch (const std::runtime_error& e) {
@@ -828,7 +828,8 @@ int main(int argc, char** argv) {
     const ssize_t n = readlink((o.out + "/model.bin").c_str(), target, sizeof target - 1);
     last_good = n > 0 ? o.out + "/" + std::string(target, n) : o.out + "/model.bin";
   }
-  // --patience: the best validation loss so far, and the validations since (rebuilt from log.csv on a resume)
+  // --patience: the best validation loss so far, and the validations since (rebuilt from log.csv on a resume,
+  // which holds each loss to the last bit: one rounded to fewer digits could compare below the next)
   double best_val = INFINITY;
   long best_step = 0, stale = 0;
   auto note_validation = [&](long step, double loss) {

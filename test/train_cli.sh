@@ -123,11 +123,12 @@ check "curves.svg of a run whose only validation is the final one" \
   python3 "$root/test/svg_check.py" curves novalidation/curves.svg novalidation/log.csv
 
 # 7. --checkpoint-every epoch and --patience, on a tiny corpus of 9 batches an epoch. A learning rate too
-#    small to move a float parameter leaves the validation loss where it is: 2 validations without a lower
-#    one stop the run at the end of epoch 3; a resume with --patience 3 counts the log's validations and
-#    stops one epoch later.
+#    small to change the validation loss (about 1e-21: a zero bias moves to 1e-20, which no activation
+#    feels; at 1e-14 the loss moved by 3e-8 at step 36) leaves it where it is: 2 validations without a lower
+#    one stop the run at the end of epoch 3; a resume with --patience 3 counts the log's validations (as
+#    computed, to the last bit) and stops one epoch later.
 tiny_corpus tiny 42
-tiny=(--data tiny --merges 10 --batch-tokens 64 --epochs 20 --checkpoint-every epoch --lr-scale 1e-9 --keep 10 --quiet)
+tiny=(--data tiny --merges 10 --batch-tokens 64 --epochs 20 --checkpoint-every epoch --lr-scale 1e-9 --warmup 100000000 --keep 10 --quiet)
 "$train" "${tiny[@]}" --patience 2 --out patient > patient.log 2>&1
 check "--patience 2 stops after 2 validations without a lower loss ($(grep '^stopped' patient.log))" \
   grep -q "^stopped: --patience 2 reached (the best validation loss, .* at step 9, not bettered in 2 validations) at step 27 (epoch 3.00)" patient.log
