@@ -1,7 +1,11 @@
 // accumulate: gradient accumulation (accumulate_gradients, [§5.1]). K batches of n tokens give the update of
 // one batch of K*n tokens: two batches of different sizes, accumulated, against the same pairs merged into
-// one batch, over 10 Adam steps (dropout off: a merged batch has other shapes, so other masks), in double
-// (1e-12) and float (1e-6, relative to the largest parameter). A step of one batch is bit for bit a step
+// one batch (dropout off: a merged batch has other shapes, so other masks), in double (1e-12) and float
+// (1e-5): the first step's gradients (relative to the largest), the loss over 10 Adam steps, and the
+// parameters after them in 2-norm. Not element by element: where a gradient is rounding noise (about 0 for
+// a nearly dead ReLU unit), Adam's step is about lr whatever its size, so two roundings of it move that
+// parameter apart by up to 2 lr a step (measured: 1.1e-5 of the largest parameter in float after 10
+// steps, 3.2e-7 in 2-norm). A step of one batch is bit for bit a step
 // without accumulation, its loss included. Each batch of a step has its own dropout masks. The comparison can fail: the wrong
 // normalisation (the mean of the batches' mean losses) is rejected by it.
 //
@@ -22,6 +26,12 @@ template <typename T> static double max_rel_diff(const std::vector<T>& a, const 
   for (size_t i = 0; i < a.size(); ++i)
     diff = std::max(diff, std::fabs((double)a[i] - (double)b[i])), scale = std::max(scale, std::fabs((double)b[i]));
   return scale > 0 ? diff / scale : diff;
+}
+
+template <typename T> static double l2_rel_diff(const std::vector<T>& a, const std::vector<T>& b) {
+  double diff2 = 0, norm2 = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff2 += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), norm2 += (double)b[i] * b[i];
+  return norm2 > 0 ? std::sqrt(diff2 / norm2) : std::sqrt(diff2);
 }
 
 static Batch batch_of(const std::vector<std::vector<int>>& src, const std::vector<std::vector<int>>& tgt, size_t from, size_t to) {
@@ -47,26 +57,32 @@ template <typename T> static void equivalence(Checker& ck, const char* type, dou
 
   Transformer<T> acc(c, 5), merged(c, 5), wrong(c, 5);
   std::vector<T> g;
-  double worst_loss = 0;
+  double worst_loss = 0, first_grads = 0, wrong_grads = 0;
   for (int step = 0; step < 10; ++step) {
     const double l_acc = accumulate_gradients(acc, {&A, &B}, {0, 1}, n);
-    transformer_update(acc);
     const double l_merged = accumulate_gradients(merged, {&AB}, {0}, n);
-    transformer_update(merged);
     worst_loss = std::max(worst_loss, std::fabs(l_acc - l_merged) / std::fabs(l_merged));
     // the wrong normalisation: each batch's mean loss weighted alike
     accumulate_gradients(wrong, {&A}, {0}, nA);
     g = wrong.grads;
     accumulate_gradients(wrong, {&B}, {1}, nB);
     for (size_t i = 0; i < g.size(); ++i) wrong.grads[i] = (g[i] + wrong.grads[i]) / 2;
-    transformer_update(wrong);
+    if (step == 0)  // later steps compare gradients at parameters that differ by rounding (Adam amplifies it)
+      first_grads = max_rel_diff(acc.grads, merged.grads), wrong_grads = max_rel_diff(wrong.grads, merged.grads);
+    transformer_update(acc), transformer_update(merged), transformer_update(wrong);
   }
-  const double params = max_rel_diff(acc.params, merged.params), wrong_params = max_rel_diff(wrong.params, merged.params);
-  std::printf("%s: batches of %ld and %ld target tokens, accumulated vs merged, after 10 steps: loss %.3g, parameters %.3g "
-              "(tol %.0e); the mean of their mean losses: %.3g\n", type, nA, nB, worst_loss, params, tol, wrong_params);
+  const double params = max_rel_diff(acc.params, merged.params), params_l2 = l2_rel_diff(acc.params, merged.params),
+               wrong_l2 = l2_rel_diff(wrong.params, merged.params);
+  std::printf("%s: batches of %ld and %ld target tokens, accumulated vs merged: gradients of the first step %.3g, "
+              "loss over 10 steps %.3g, parameters after them %.3g in 2-norm (tol %.0e; element-wise %.3g); the mean "
+              "of the batches' mean losses: gradients %.3g, parameters %.3g\n", type, nA, nB, first_grads, worst_loss,
+              params_l2, tol, params, wrong_grads, wrong_l2);
   ck.close(worst_loss, 0, tol, tol, (std::string(type) + " loss, accumulated vs merged").c_str());
-  ck.close(params, 0, tol, tol, (std::string(type) + " parameters, accumulated vs merged").c_str());
-  ck.expect(wrong_params > 100 * tol, "%s: the comparison does not reject the mean of the batches' mean losses (%.3g)", type, wrong_params);
+  ck.close(first_grads, 0, tol, tol, (std::string(type) + " gradients, accumulated vs merged").c_str());
+  ck.close(params_l2, 0, tol, tol, (std::string(type) + " parameters (2-norm), accumulated vs merged").c_str());
+  ck.expect(wrong_grads > 100 * tol && wrong_l2 > 100 * tol,
+            "%s: the comparison does not reject the mean of the batches' mean losses (gradients %.3g, parameters %.3g)", type,
+            wrong_grads, wrong_l2);
 }
 
 static void one_batch_is_a_plain_step(Checker& ck) {
@@ -122,7 +138,7 @@ int main(int argc, char** argv) {
   }
   Checker ck("accumulate");
   equivalence<double>(ck, "double", 1e-12);
-  equivalence<float>(ck, "float", 1e-6);
+  equivalence<float>(ck, "float", 1e-5);
   one_batch_is_a_plain_step(ck);
   return ck.finish();
 }
