@@ -108,7 +108,8 @@ EMU_LDLIBS   := $(shell pkg-config --libs libutf8proc) $(filter -fopenmp $(SANIT
 EMU_TESTS    := $(EMU_BUILD)/test/parity_gpu $(EMU_BUILD)/test/cuda_emulator $(EMU_BUILD)/train
 
 # ---- sources -----------------------------------------------------------------------------------
-LIB_OBJS := $(patsubst %.cu,$(BUILD)/%.o,$(wildcard transformer.cu)) $(patsubst %.cpp,$(BUILD)/%.o,$(wildcard gemm.cpp tokenizer.cpp data/*.cpp))
+LIB_SRCS := $(wildcard gemm.cpp tokenizer.cpp data/*.cpp)  # the library beside transformer.cu, in every build
+LIB_OBJS := $(patsubst %.cu,$(BUILD)/%.o,$(wildcard transformer.cu)) $(patsubst %.cpp,$(BUILD)/%.o,$(LIB_SRCS))
 PROGRAMS := $(basename $(wildcard train.cpp translate.cpp))
 TESTS    := $(patsubst test/%.cpp,$(BUILD)/test/%,$(filter-out test/cuda_emulator.cpp,$(wildcard test/*.cpp)))
 HEADERS  := $(wildcard *.h data/*.h test/*.h)
@@ -116,9 +117,9 @@ HEADERS  := $(wildcard *.h data/*.h test/*.h)
 # tasks there, no GPU needed), with its own objects in build/grade/; so is `bench --count` (make bench's
 # counts of what a training step asks of the GPU).
 GRADE_BUILD := $(BUILD)/grade
-GRADE_OBJS  := $(GRADE_BUILD)/transformer.o $(GRADE_BUILD)/tokenizer.o $(GRADE_BUILD)/data/numbers.o
+GRADE_OBJS  := $(GRADE_BUILD)/transformer.o $(patsubst %.cpp,$(GRADE_BUILD)/%.o,$(LIB_SRCS))
 COURSE      := $(patsubst course/%.cpp,$(GRADE_BUILD)/course/%,$(wildcard course/*.cpp))
-EMU_OBJS := $(EMU_BUILD)/transformer.o $(EMU_BUILD)/tokenizer.o $(EMU_BUILD)/data/numbers.o
+EMU_OBJS := $(EMU_BUILD)/transformer.o $(patsubst %.cpp,$(EMU_BUILD)/%.o,$(LIB_SRCS))
 
 .PHONY: all emu test mutants bench data fuzz clean grade snapshots handout submission FORCE
 .SECONDARY:  # keep the objects: they are intermediate files of pattern rules
@@ -191,7 +192,7 @@ test: all emu $(COURSE) $(GRADE_BUILD)/test/bench
 
 # Bugs planted in copies of transformer.cu, each of which the emulated parity_gpu must catch.
 mutants: emu
-	bash test/mutants_gpu.sh "$(CXX)" "$(EMU_CXXFLAGS)" "$(EMU_LDLIBS)"
+	bash test/mutants_gpu.sh "$(CXX)" "$(EMU_CXXFLAGS)" "$(EMU_LDLIBS)" "$(filter-out %/transformer.o,$(EMU_OBJS)) $(EMU_BUILD)/test/parity_gpu.o"
 
 # Multi30k into data/multi30k (from $MULTI30K_DIR when set, else downloaded): see data/get_multi30k.sh.
 data:
@@ -206,7 +207,7 @@ FUZZ_CXX     ?= clang++
 FUZZ_BUILD   := build-fuzz
 FUZZ_FLAGS   := -g -O1 -std=c++17 -march=native -Wall -Wno-unknown-pragmas $(shell pkg-config --cflags libutf8proc) \
                 -fsanitize=address,undefined -fno-sanitize-recover=all
-FUZZ_LIB     := $(patsubst %,$(FUZZ_BUILD)/%.o,transformer tokenizer data/numbers)
+FUZZ_LIB     := $(FUZZ_BUILD)/transformer.o $(patsubst %.cpp,$(FUZZ_BUILD)/%.o,$(LIB_SRCS))
 FUZZ_TARGETS := $(patsubst test/fuzz/%.cpp,$(FUZZ_BUILD)/%,$(wildcard test/fuzz/fuzz_*.cpp))
 SECONDS      ?= 60
 RUNS         ?= -1

@@ -677,15 +677,13 @@ void adam_update(T* params, const T* grads, T* m, T* v, size_t n, double lr, dou
   // BEGIN SOLUTION task=adam_update points=5
   const double c1 = 1 - std::pow(beta1, (double)t), c2 = 1 - std::pow(beta2, (double)t);
   // [DEVIATION] A moment below the smallest normal T is stored as zero. A parameter that gets no gradient
-  // (the embedding row of a token absent from the batches) has its moments decay by beta1 and beta2 each
-  // step until they are subnormal, for hundreds of steps each, and x86 computes with subnormals many
+  // (in the feed-forward networks, the weights of a hidden unit whose ReLU never passes) has its moments
+  // decay by beta1 and beta2 each step until they are subnormal, and x86 computes with subnormals many
   // times slower. What is dropped moves the parameter by less than lr * 1.2e-38 / eps (float).
-  const double tiny = std::numeric_limits<T>::min();
-  auto normal_or_zero = [tiny](double x) { return std::fabs(x) < tiny ? T(0) : T(x); };
 #pragma omp parallel for if (n > 100000)
   for (size_t i = 0; i < n; ++i) {
-    m[i] = normal_or_zero(beta1 * m[i] + (1 - beta1) * grads[i]);
-    v[i] = normal_or_zero(beta2 * v[i] + (1 - beta2) * (double)grads[i] * grads[i]);
+    m[i] = normal_or_zero<T>(beta1 * m[i] + (1 - beta1) * grads[i]);
+    v[i] = normal_or_zero<T>(beta2 * v[i] + (1 - beta2) * (double)grads[i] * grads[i]);
     const double mhat = m[i] / c1, vhat = v[i] / c2;
     params[i] -= T(lr * mhat / (std::sqrt(vhat) + eps));
   }
@@ -2495,8 +2493,8 @@ void label_smoothed_xent_backward(float* dlogits, const float* logits, const flo
 __global__ void adam_kernel(float* params, bf16* copy, const float* grads, float* m, float* v, size_t n, double lr, double beta1,
                             double beta2, double eps, double c1, double c2) {
   GRID_STRIDE(i, n) {
-    m[i] = (float)(beta1 * m[i] + (1 - beta1) * grads[i]);
-    v[i] = (float)(beta2 * v[i] + (1 - beta2) * (double)grads[i] * grads[i]);
+    m[i] = normal_or_zero<float>(beta1 * m[i] + (1 - beta1) * grads[i]);
+    v[i] = normal_or_zero<float>(beta2 * v[i] + (1 - beta2) * (double)grads[i] * grads[i]);
     const double mhat = m[i] / c1, vhat = v[i] / c2;
     params[i] -= (float)(lr * mhat / (sqrt(vhat) + eps));
     if (copy) copy[i] = __float2bfloat16(params[i]);

@@ -13,6 +13,7 @@
 //   - The CPU functions (namespace cpu) are the definition; they are templated on the scalar type
 //     (float to train, double to check gradients).
 #pragma once
+#include <cfloat>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -133,6 +134,11 @@ inline HOST_DEVICE bool dropout_keeps(const DropoutKey& key, size_t i) {
 }
 // [§5.4] What a kept element is multiplied by (inverted dropout): 1 / (1 - p), 1 when the site is off.
 inline HOST_DEVICE double dropout_scale(const DropoutKey& key) { return key.p > 0 ? 1.0 / (1.0 - key.p) : 1.0; }
+
+// [DEVIATION] Adam's moments (adam_update(), CPU and GPU): one below the smallest normal T is stored as zero.
+template <typename T> inline HOST_DEVICE T normal_or_zero(double x) {
+  return (x < 0 ? -x : x) < (sizeof(T) == sizeof(float) ? FLT_MIN : DBL_MIN) ? T(0) : T(x);
+}
 
 // ---- activations saved by forward ------------------------------------------------------------------
 template <typename T> struct AttentionActs { T *q, *k, *v, *p, *ctx; };  // (B,Lq,D) (B,Lk,D)x2 (B,H,Lq,Lk) (B,Lq,D)

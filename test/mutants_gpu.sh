@@ -7,11 +7,11 @@
 # The unmutated build must pass first (a control), and each mutant's original text must occur exactly once
 # in transformer.cu, so that the check cannot pass by mutating nothing. Exits non-zero if anything
 # survives or cannot be planted.
-# Usage: mutants_gpu.sh CXX "EMU_CXXFLAGS" "EMU_LDLIBS"   (the Makefile passes its own)
+# Usage: mutants_gpu.sh CXX "EMU_CXXFLAGS" "EMU_LDLIBS" "OBJECTS"   (the Makefile passes its own; OBJECTS are
+# the emulated build's objects but transformer.o, and parity_gpu.o)
 set -u
 cd "$(dirname "$0")/.."
-cxx="$1" flags="$2" libs="$3"
-objs="build/emu/tokenizer.o build/emu/data/numbers.o build/emu/test/parity_gpu.o"
+cxx="$1" flags="$2" libs="$3" objs="$4"
 for o in $objs; do [ -f "$o" ] || { echo "mutants_gpu: $o is missing: run make emu first"; exit 2; }; done
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
