@@ -108,7 +108,7 @@ EMU_LDLIBS   := $(shell pkg-config --libs libutf8proc) $(filter -fopenmp $(SANIT
 EMU_TESTS    := $(EMU_BUILD)/test/parity_gpu $(EMU_BUILD)/test/cuda_emulator $(EMU_BUILD)/train
 
 # ---- sources -----------------------------------------------------------------------------------
-LIB_SRCS := $(wildcard gemm.cpp tokenizer.cpp data/*.cpp)  # the library beside transformer.cu, in every build
+LIB_SRCS := $(wildcard tokenizer.cpp data/*.cpp)  # the library beside transformer.cu, in every build
 LIB_OBJS := $(patsubst %.cu,$(BUILD)/%.o,$(wildcard transformer.cu)) $(patsubst %.cpp,$(BUILD)/%.o,$(LIB_SRCS))
 PROGRAMS := $(basename $(wildcard train.cpp translate.cpp))
 TESTS    := $(patsubst test/%.cpp,$(BUILD)/test/%,$(filter-out test/cuda_emulator.cpp,$(wildcard test/*.cpp)))

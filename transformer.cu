@@ -21,6 +21,8 @@
 #include <sys/resource.h>  // getrlimit
 #include <unistd.h>        // sysconf
 
+#include "gemm.h"  // cpu::gemm<float>, the fast form of the matrix product (the template below is the reference)
+
 // ---- configuration ---------------------------------------------------------------------------------
 
 void Config::validate() const {

@@ -340,7 +340,7 @@ namespace cpu {
 template <typename T>
 void gemm(bool ta, bool tb, int M, int N, int K, const T* A, int lda, const T* B, int ldb, T* C, int ldc,
           bool accumulate);
-// The float product has a fast form (gemm.cpp): a register-tile kernel for the instruction set the CPU
+// The float product has a fast form (gemm.h): a register-tile kernel for the instruction set the CPU
 // has, chosen at run time. gemm_with runs a given kernel (the tests and benchmarks try each one).
 template <>
 void gemm<float>(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C,

@@ -1,4 +1,4 @@
-// gemm: the fast float product (gemm.cpp) against the reference cpu::gemm<double> on the same inputs, for
+// gemm: the fast float product (gemm.h) against the reference cpu::gemm<double> on the same inputs, for
 // every kernel this CPU runs (AVX-512, AVX2, generic), all four transpositions, with and without
 // accumulation, padded leading dimensions, and shapes that leave partial tiles and blocks on every side.
 // Error measure: |fast - reference| / sum_k |a_ik b_kj|, within (K + 2) 2^-24 (the bound of a float sum

@@ -1,6 +1,6 @@
-// The float matrix product on the CPU, fast form: cpu::gemm<float>. The reference is the template
-// cpu::gemm<T> in transformer.cu (run for double by the gradient checks); test/gemm.cpp checks this one
-// against it for every kernel the CPU can run.
+// The float matrix product on the CPU, fast form: cpu::gemm<float>, part of transformer.cu's translation
+// unit (it includes this file). The reference is the template cpu::gemm<T> in transformer.cu (run for
+// double by the gradient checks); test/gemm.cpp checks this one against it for every kernel the CPU can run.
 //
 // Blocked as BLAS libraries do: a (KC x NC) block of op(B) is packed into NR-wide column panels, an
 // MR-row panel of op(A) beside it, and a register-tile kernel accumulates each MR x NR tile of C over the
@@ -9,6 +9,7 @@
 // the build needs no -march flag and runs on any x86-64 (or, with the plain kernel only, elsewhere).
 // Every element of C sums its K terms in the same order whatever the number of threads; the kernels round
 // differently from one another (the AVX kernels fuse each multiply-add).
+#pragma once
 #include <algorithm>
 #include <cstdlib>
 #include <memory>
@@ -57,7 +58,6 @@ __attribute__((target("avx2,fma"))) void tile_avx2(int kc, const float* a, const
   for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   for (int k = 0; k < kc; ++k) {
     const __m256 b0 = _mm256_load_ps(b + k * NR), b1 = _mm256_load_ps(b + k * NR + 8);
-#pragma GCC unroll 6
     for (int r = 0; r < MR; ++r) {
       const __m256 ar = _mm256_broadcast_ss(a + k * MR + r);
       acc[r][0] = _mm256_fmadd_ps(ar, b0, acc[r][0]);
@@ -85,7 +85,6 @@ __attribute__((target("avx512f"))) void tile_avx512(int kc, const float* a, cons
   for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
   for (int k = 0; k < kc; ++k) {
     const __m512 b0 = _mm512_load_ps(b + k * NR), b1 = _mm512_load_ps(b + k * NR + 16);
-#pragma GCC unroll 12
     for (int r = 0; r < MR; ++r) {
       const __m512 ar = _mm512_set1_ps(a[k * MR + r]);
       acc[r][0] = _mm512_fmadd_ps(ar, b0, acc[r][0]);
