@@ -54,6 +54,7 @@ struct Options {
   int accumulate = -1;              // batches per rank whose gradients one optimizer step sums: 1 (4 in multi30k)
   double collective_timeout = 600;  // seconds a rank waits for the others in an all-reduce
   long check_every = 100;           // steps between checks that every rank holds the same parameters
+  std::string batches_out;          // write the batches trained on here (a peer replays them: make bench)
 };
 
 int g_rank = 0;  // this process's rank (data parallelism): rank 0 alone prints
@@ -108,6 +109,8 @@ void usage() {
       "  --val-sentences N      validation sentences decoded for BLEU (default all on numbers, 500 on Multi30k)\n"
       "  --log-every N          steps between lines of log.csv (default 1)\n"
       "  --quiet                no progress line\n"
+      "  --batches-out FILE     write the model's shape and every batch trained on (token ids) to FILE, for\n"
+      "                         another implementation to train on the same batches (make bench's PyTorch peer)\n"
       "data parallelism: mpirun -np N ./train ... (a build with MPI; NCCL between GPUs)\n"
       "  --collective-timeout S seconds a rank waits for the others in an all-reduce before it stops (default\n"
       "                         600; it must cover rank 0's validation and checkpoints)\n"
@@ -178,6 +181,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--val-sentences") o.val_sentences = (int)to_long(a, value(), 0, 10000000);
     else if (a == "--log-every") o.log_every = (int)to_long(a, value(), 1, 1000000);
     else if (a == "--quiet") o.quiet = true;
+    else if (a == "--batches-out") o.batches_out = value();
     else if (a == "--accumulate") o.accumulate = (int)to_long(a, value(), 1, 4096);
     else if (a == "--collective-timeout") o.collective_timeout = to_double(a, value(), 0.1, 1e7);
     else if (a == "--check-every") o.check_every = to_long(a, value(), 1, LONG_MAX);
@@ -355,6 +359,23 @@ Batch to_batch(const std::vector<Pair>& pairs, const std::vector<int>& idx) {
   std::vector<const std::vector<int>*> s, t;
   for (int i : idx) s.push_back(&pairs[i].src), t.push_back(&pairs[i].tgt);
   return make_batch(s, t);
+}
+
+// --batches-out: what another implementation needs to train the same model on the same batches. A first
+// line gives the model (Config's fields as NAME=VALUE); then each batch is a line "batch STEP B S T"
+// followed by its src (B x S), tgt_in and tgt_out (B x T) ids, one line each, row by row, kPadId padding.
+void write_model_line(std::ostream& f, const Config& c) {
+  f << "model N=" << c.N << " D=" << c.D << " F=" << c.F << " H=" << c.H << " V=" << c.V << " max_len=" << c.max_len
+    << " p_drop=" << c.p_drop << " p_attn=" << c.p_attn << " p_relu=" << c.p_relu << " eps_ls=" << c.eps_ls
+    << " ln_eps=" << c.ln_eps << " pre_ln=" << c.pre_ln << " warmup=" << c.warmup << " lr_scale=" << c.lr_scale
+    << " beta1=" << c.beta1 << " beta2=" << c.beta2 << " adam_eps=" << c.adam_eps << " pad=" << kPadId << "\n";
+}
+void write_batch(std::ostream& f, long step, const Batch& b) {
+  f << "batch " << step << " " << b.B << " " << b.S << " " << b.T << "\n";
+  for (const std::vector<int>* ids : {&b.src, &b.tgt_in, &b.tgt_out}) {
+    for (size_t i = 0; i < ids->size(); ++i) f << (i ? " " : "") << (*ids)[i];
+    f << "\n";
+  }
 }
 
 // The batches' order in an epoch: a Fisher-Yates shuffle keyed by (seed, epoch), so a resumed run
@@ -870,6 +891,12 @@ int main(int argc, char** argv) {
   };
   check_same_parameters();
 
+  std::ofstream batches_out;
+  if (!o.batches_out.empty() && ranks.rank == 0) {
+    batches_out.open(o.batches_out);
+    write_model_line(batches_out, m.cfg);
+    if (!batches_out) fail("cannot write " + o.batches_out);
+  }
   std::string reason = stop_reason();
   while (reason.empty()) {
     const std::vector<int> order = epoch_order(batches.size(), o.seed, st.epoch);
@@ -898,6 +925,10 @@ int main(int argc, char** argv) {
       st.batch += count;
       st.tokens += tokens;
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (batches_out.is_open()) {  // after the step's clock stopped
+        for (const Batch& b : mine) write_batch(batches_out, m.step, b);
+        if (!batches_out.flush()) fail("cannot write " + o.batches_out);
+      }
       window_tokens += tokens, window_seconds += dt;
       LogRow row{m.step, st.epoch + (double)st.batch / batches.size(), loss, lr, window_tokens / window_seconds, NAN, NAN, NAN};
       const bool epoch_end = st.batch == (long)batches.size();

@@ -16,7 +16,9 @@
 # Without a GPU every row runs on the CPU with smaller batches and fewer steps, and it says so; where a
 # python3 has torch (python3, $TORCH_PYTHON, or ~/torch-venv/bin/python), the PyTorch CPU peer
 # (torch_cpu_step.py: .ref/, else ../shared/bench/) runs the step rows alternately with ours, $BENCH_RUNS
-# times each (default 3), and the ratio is given for the fastest and the median run. Each of our CPU rows
+# times each (default 3), and the ratio is given for the fastest and the median run; row 3's peer,
+# test/torch_cpu_train.py, trains the same model on the very batches ./train trained on (--batches-out),
+# alternately with ./train, as many times. Each of our CPU rows
 # also gives its peak resident memory. With BENCH_LATE_RUN=DIR (the folder of a long `./train` run of the
 # small config on Multi30k) row 7 resumes it for a few steps: tokens/s late in training beside row 3's
 # fresh figure. Before the rows: this machine's fp32 peak and the gemm on the model's shapes (gemm_bench).
@@ -48,14 +50,15 @@ else
 fi
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-cpu_torch=""  # the PyTorch CPU peer: a python with torch and torch_cpu_step.py
+cpu_py="" cpu_torch=""  # the PyTorch CPU peers: a python with torch; with it, torch_cpu_step.py (rows 1-2)
 if [ $device = cpu ]; then
   step_ref=""
   for f in .ref/torch_cpu_step.py ../shared/bench/torch_cpu_step.py; do [ -f "$f" ] && { step_ref=$f; break; }; done
   for py in python3 "${TORCH_PYTHON:-}" ~/torch-venv/bin/python; do
-    if [ -n "$step_ref" ] && [ -n "$py" ] && "$py" -c 'import torch' 2> /dev/null; then cpu_torch="$py $step_ref"; break; fi
+    if [ -n "$py" ] && "$py" -c 'import torch' 2> /dev/null; then cpu_py=$py; break; fi
   done
-  echo "PyTorch CPU peer: ${cpu_torch:-not run (no python3 with torch, or no torch_cpu_step.py)}"
+  if [ -n "$cpu_py" ] && [ -n "$step_ref" ]; then cpu_torch="$cpu_py $step_ref"; fi
+  echo "PyTorch CPU peers: ${cpu_py:-none (no python3 with torch)}${cpu_py:+: steps ${step_ref:-not run (no torch_cpu_step.py)}, Multi30k training test/torch_cpu_train.py}"
   ./build/test/gemm_bench | sed 's/^/  /'
 fi
 runs=${BENCH_RUNS:-3}
@@ -152,11 +155,29 @@ fi
 
 # 3. Multi30k training throughput on real batches (mean of log.csv's tokens/s after the first rows)
 if [ $device = cuda ]; then train_len=(--epochs 3) what="3 epochs"; else train_len=(--max-steps 6) what="6 steps"; fi
+train_tps() { awk -F, 'NR > 2 && $5 != "" { s += $5; n++ } END { if (n) printf "%.0f", s / n }' "$1/log.csv"; }
 rss ./train --data data/multi30k --config small --device $device "${train_len[@]}" --val-sentences 0 --quiet \
-    --out "$work/run" > "$work/train.log" 2>&1
-tps=$(awk -F, 'NR > 2 && $5 != "" { s += $5; n++ } END { if (n) printf "%.0f", s / n }' "$work/run/log.csv")
+    --out "$work/run" --batches-out "$work/batches.txt" > "$work/train.log" 2>&1
+tps=$(train_tps "$work/run")
 mem=", peak RSS $(mb "$(field RSS_KB < "$work/train.log")") MB" fresh=$tps
 vs="" torch_decode=""
+if [ $device = cpu ] && [ -n "$cpu_py" ]; then  # PyTorch on the same batches, alternately with ours, $runs times
+  echo "$tps" > "$work/ours.txt"; : > "$work/torch.txt"
+  for ((r = 0; r < runs; r++)); do
+    if ((r > 0)); then
+      ./train --data data/multi30k --config small --device cpu "${train_len[@]}" --val-sentences 0 --quiet \
+          --vocab "$work/run/vocab.bpe" --out "$work/again" > /dev/null 2>&1 && train_tps "$work/again" >> "$work/ours.txt"
+      rm -rf "$work/again"
+    fi
+    $cpu_py test/torch_cpu_train.py "$work/batches.txt" 2>&1 | grep '^TRAIN' | field tgt_tok_per_s >> "$work/torch.txt" || true
+  done
+  read -r tps_min tps_med < <(stats < "$work/ours.txt")
+  read -r ttps_min ttps_med < <(stats < "$work/torch.txt")
+  tps_max=$(sort -g "$work/ours.txt" | tail -n 1) ttps_max=$(sort -g "$work/torch.txt" | tail -n 1)
+  tps="$tps_max (fastest), $tps_med (median)"
+  # throughputs: ours / PyTorch's is PyTorch's time / ours
+  vs="$(ratio "$tps_max" "$ttps_max"), $(ratio "$tps_med" "$ttps_med") (PyTorch ${ttps_min}-${ttps_max} tok/s)"
+fi
 if [ $torch = 1 ]; then
   python3 "$ref" --data "$refdata" --out "$work" "${small_args[@]}" --lr_factor 2 --batch_tokens 4096 --epochs 3 \
           --precision fp32 > "$work/torch_train.log" 2>&1 || true

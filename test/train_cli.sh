@@ -9,7 +9,8 @@
 #      log.csv measured and nothing else, laid out inside its canvas (test/svg_check.py), and is replaced
 #      atomically (a new file renamed over the old: its inode changes, no temporary file is left);
 #   7. --checkpoint-every epoch writes one checkpoint an epoch; --patience stops on a validation loss
-#      that no longer falls, and counts on across a resume.
+#      that no longer falls, and counts on across a resume;
+#   8. --config multi30k's recipe; 9. --batches-out.
 # Usage: train_cli.sh ROOT
 set -u
 root="$(cd "$1" && pwd)"
@@ -155,5 +156,16 @@ check "it writes ./translate's decoding defaults" sh -c "grep -qx 'beam 5' recip
 check "options given win over the recipe's ($(grep -E '^(stopped|averaged)' recipe2.log | tr '\n' ' '))" sh -c \
   "grep -q '^stopped: --max-steps reached at step 30' recipe2.log && grep -q 'averaged the last 3 checkpoints' recipe2.log &&
    ! grep -q '^steps:' recipe2.log && grep -q 'about 64 source' recipe2.log"
+
+# 9. --batches-out writes the model line and every batch trained on, ids row by row: B x S source ids, then
+#    B x T decoder inputs and B x T targets (make bench's PyTorch peer trains on them); two batches a step
+#    with --accumulate 2. A file it cannot write is one line and exit 1.
+"$train" "${common[@]}" --max-steps 3 --accumulate 2 --out dumped --batches-out batches.txt > /dev/null 2>&1
+check "--batches-out: a model line, then 6 batches of steps 1-3, each with its ids ($(grep -c '^batch' batches.txt) batches)" \
+  awk 'NR == 1 { ok = /^model N=[0-9]+ D=[0-9]+ .* pad=0$/; next }
+       /^batch/ { n++; split($0, h, " "); steps[h[2]]++; want[1] = h[3] * h[4]; want[2] = want[3] = h[3] * h[5]; k = 0; next }
+       { k++; if (NF != want[k]) ok = 0 }
+       END { exit !(ok && n == 6 && steps[1] == 2 && steps[2] == 2 && steps[3] == 2) }' batches.txt
+expect_error "--batches-out into a missing folder" "cannot write no/such/dir/b.txt" "$train" "${common[@]}" --max-steps 1 --out nodump --batches-out no/such/dir/b.txt
 
 cli_finish
