@@ -368,7 +368,9 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dctx, const T* p, const T*
 #pragma omp parallel for collapse(2) schedule(static)
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < H; ++h) {
-      std::vector<T> dpr(Lk), keep(Lk);
+      static thread_local std::vector<T> scratch;  // this thread's: no allocation once it has grown
+      if (scratch.size() < 2 * (size_t)Lk) scratch.resize(2 * (size_t)Lk);
+      T *dpr = scratch.data(), *keep = dpr + Lk;  // (Lk) each: dL/dp'_ij, and keep_ij / (1 - p)
       for (int i = 0; i < Lq; ++i) {
         const size_t row = (((size_t)b * H + h) * Lq + i) * Lk;
         const T* pr = p + row;
