@@ -866,19 +866,19 @@ template <typename T> static size_t carve_activations(Activations<T>& a, const C
   return used;
 }
 
-// Checks a batch against the model: shape, lengths, token ids.
+// Checks a batch against the model: shape, lengths, token ids. A message is made only for a failure (one
+// made for every token id was most of a training step's allocations).
 static void validate_batch(const Config& c, const Batch& batch) {
-  auto need = [](bool ok, const std::string& what) {
-    if (!ok) throw std::invalid_argument("invalid batch: " + what);
-  };
-  need(batch.B >= 1 && batch.S >= 1 && batch.T >= 1, "empty batch");
-  need(batch.S <= c.max_len && batch.T <= c.max_len,
-       "length " + std::to_string(std::max(batch.S, batch.T)) + " exceeds max_len " + std::to_string(c.max_len));
-  need(batch.src.size() == (size_t)batch.B * batch.S, "src is not B x S");
-  need(batch.tgt_in.size() == (size_t)batch.B * batch.T && batch.tgt_out.size() == batch.tgt_in.size(),
-       "tgt_in/tgt_out are not B x T");
+  auto fail = [](const std::string& what) { throw std::invalid_argument("invalid batch: " + what); };
+  if (batch.B < 1 || batch.S < 1 || batch.T < 1) fail("empty batch");
+  if (batch.S > c.max_len || batch.T > c.max_len)
+    fail("length " + std::to_string(std::max(batch.S, batch.T)) + " exceeds max_len " + std::to_string(c.max_len));
+  if (batch.src.size() != (size_t)batch.B * batch.S) fail("src is not B x S");
+  if (batch.tgt_in.size() != (size_t)batch.B * batch.T || batch.tgt_out.size() != batch.tgt_in.size())
+    fail("tgt_in/tgt_out are not B x T");
   for (const auto* ids : {&batch.src, &batch.tgt_in, &batch.tgt_out})
-    for (int id : *ids) need(id >= 0 && id < c.V, "token id " + std::to_string(id) + " outside the vocabulary");
+    for (int id : *ids)
+      if (id < 0 || id >= c.V) fail("token id " + std::to_string(id) + " outside the vocabulary");
 }
 
 // Carves the arena for a batch's shape (growing it when needed) and marks its real tokens; `base`

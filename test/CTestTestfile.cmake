@@ -23,6 +23,7 @@ add_test(train_cli bash "${ROOT}/test/train_cli.sh" "${ROOT}")
 add_test(translate_cli bash "${ROOT}/test/translate_cli.sh" "${ROOT}")
 add_test(crash_safety bash "${ROOT}/test/crash_safety.sh" "${ROOT}" 60)
 add_test(accumulate "${BIN}/accumulate")
+add_test(step_alloc "${BIN}/step_alloc")
 add_test(data_parallel bash "${ROOT}/test/data_parallel.sh" "${ROOT}")
 set_tests_properties(data_parallel PROPERTIES SKIP_RETURN_CODE 77)
 # The course grader on the solution: markers and sheets valid, every check passes, hidden example included
