@@ -128,9 +128,11 @@ struct DropoutKey {
   double p = 0;         // drop probability; 0 disables the site
 };
 DropoutKey dropout_key(uint64_t seed, long step, uint32_t site, double p);
-// Element i of a dropout site is kept when a 24-bit uniform from hash(stream, i) is >= p.
+// Element i of a dropout site is kept when a 24-bit uniform from hash(stream, i) is >= p: u = (h >> 40) /
+// 2^24 >= p, i.e. (h >> 40) >= ceil(p 2^24), both sides exact (an integer compare, which vectorises).
+inline HOST_DEVICE uint64_t dropout_threshold(double p) { return (uint64_t)ceil(p * 16777216.0); }
 inline HOST_DEVICE bool dropout_keeps(const DropoutKey& key, size_t i) {
-  return (double)(mix64(key.stream ^ (uint64_t)i) >> 40) * (1.0 / 16777216.0) >= key.p;
+  return (mix64(key.stream ^ (uint64_t)i) >> 40) >= dropout_threshold(key.p);
 }
 // [§5.4] What a kept element is multiplied by (inverted dropout): 1 / (1 - p), 1 when the site is off.
 inline HOST_DEVICE double dropout_scale(const DropoutKey& key) { return key.p > 0 ? 1.0 / (1.0 - key.p) : 1.0; }

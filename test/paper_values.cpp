@@ -71,6 +71,17 @@ static void dropout(Checker& ck) {
   ck.close((double)zeros / n, 0.1, 0.02, 0, "dropped fraction at p = 0.1 (2^20 draws)");
   ck.expect(scaled, "kept elements are scaled by 1 / (1 - p)");
   ck.close((double)differ / n, 2 * 0.1 * 0.9, 0.02, 0, "masks of two steps are independent");
+  // the CPU makes masks a chunk at a time with the widest vector loop it has (dropout_keep_mask): element
+  // for element they are dropout_keeps', over a length that ends inside a chunk, for two probabilities
+  for (double p : {0.1, 0.3}) {
+    const size_t m = (1 << 16) + 123;
+    const DropoutKey key = dropout_key(7, 11, 3, p);
+    std::vector<float> z(m);
+    cpu::dropout_forward(z.data(), x.data(), key, m);
+    size_t wrong = 0;
+    for (size_t i = 0; i < m; ++i) wrong += (z[i] != 0) != dropout_keeps(key, i);
+    ck.expect(wrong == 0, "p = %g: %zu of %zu mask elements differ from dropout_keeps()", p, wrong, m);
+  }
 }
 
 int main() {
