@@ -18,7 +18,8 @@
 
 CXX      ?= g++
 CXXFLAGS ?= -O3 -g
-CXXFLAGS += -std=c++17 -Wall -Wextra -Wno-unused-parameter
+# -fno-math-errno: sqrt need not set errno (nothing reads it after math), so loops that take one vectorise
+CXXFLAGS += -std=c++17 -Wall -Wextra -Wno-unused-parameter -fno-math-errno
 LDLIBS   :=
 BUILD    := build
 
@@ -64,7 +65,7 @@ ifneq ($(NVCC),)
   CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
   NVCCFLAGS ?= -O3 -g
   NVCCFLAGS += -std=c++17 -x cu -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
-               -Xcompiler "$(filter -fopenmp -march=%,$(CXXFLAGS)) -Wall" $(shell pkg-config --cflags libutf8proc)
+               -Xcompiler "$(filter -fopenmp -march=% -fno-math-errno,$(CXXFLAGS)) -Wall" $(shell pkg-config --cflags libutf8proc)
   LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart
   CXXFLAGS += -DTRANSFORMER_CUDA
   NVCCFLAGS += -DTRANSFORMER_CUDA

@@ -139,7 +139,8 @@ inline HOST_DEVICE double dropout_scale(const DropoutKey& key) { return key.p > 
 
 // [DEVIATION] Adam's moments (adam_update(), CPU and GPU): one below the smallest normal T is stored as zero.
 template <typename T> inline HOST_DEVICE T normal_or_zero(double x) {
-  return (x < 0 ? -x : x) < (sizeof(T) == sizeof(float) ? FLT_MIN : DBL_MIN) ? T(0) : T(x);
+  const T y = T(x);  // as T would store it; then a choice between two T values, which vectorises
+  return fabs(y) < (sizeof(T) == sizeof(float) ? FLT_MIN : DBL_MIN) ? T(0) : y;
 }
 
 // ---- activations saved by forward ------------------------------------------------------------------
