@@ -686,13 +686,16 @@ double label_smoothed_xent_forward(T* lse, const T* logits, const int* targets, 
 #pragma omp parallel for reduction(+ : total, n) if ((long)M * V > 100000)
   for (int i = 0; i < M; ++i) {
     const T* z = logits + (size_t)i * V;
-    T mx = z[0];
+    T mx = z[0], s = 0, zsum = 0;
+#pragma omp simd reduction(max : mx)
     for (int v = 1; v < V; ++v) mx = std::max(mx, z[v]);
-    T s = 0, zsum = 0;
-    for (int v = 0; v < V; ++v) {
-      s += std::exp(z[v] - mx);
-      zsum += z[v];
-    }
+    // the exps to this thread's scratch row first, then summed (as log_softmax(): a sum carried across
+    // the calls waited on memory)
+    static thread_local std::vector<T> e;
+    if (e.size() < (size_t)V) e.resize(V);
+    for (int v = 0; v < V; ++v) e[v] = std::exp(z[v] - mx);
+#pragma omp simd reduction(+ : s, zsum)
+    for (int v = 0; v < V; ++v) s += e[v], zsum += z[v];
     lse[i] = mx + std::log(s);
     if (targets[i] == pad) continue;
     // -sum_v q_v log softmax(z)_v = lse - sum_v q_v z_v   (sum_v q_v = 1)
