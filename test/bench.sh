@@ -64,7 +64,7 @@ fi
 runs=${BENCH_RUNS:-3}
 rss() { /usr/bin/time -f 'RSS_KB=%M' "$@" 2>&1; }  # a command's output, then its peak resident memory
 mb() { awk -v k="$1" 'BEGIN { printf "%.0f", k / 1024 }'; }
-stats() { sort -g | awk '{ v[NR] = $1 } END { if (NR) printf "%s %s", v[1], v[int((NR + 1) / 2)] }'; }  # min median
+stats() { sort -g | awk '{ v[NR] = $1 } END { if (NR) printf "%s %s\n", v[1], v[int((NR + 1) / 2)] }'; }  # min median
 row "figure" "ours" "$([ $torch = 1 ] && echo 'PyTorch / ours')$([ -n "$cpu_torch" ] && echo 'PyTorch / ours (fastest, median)')"
 
 # 1-2. training steps
@@ -155,7 +155,7 @@ fi
 
 # 3. Multi30k training throughput on real batches (mean of log.csv's tokens/s after the first rows)
 if [ $device = cuda ]; then train_len=(--epochs 3) what="3 epochs"; else train_len=(--max-steps 6) what="6 steps"; fi
-train_tps() { awk -F, 'NR > 2 && $5 != "" { s += $5; n++ } END { if (n) printf "%.0f", s / n }' "$1/log.csv"; }
+train_tps() { awk -F, 'NR > 2 && $5 != "" { s += $5; n++ } END { if (n) printf "%.0f\n", s / n }' "$1/log.csv"; }
 rss ./train --data data/multi30k --config small --device $device "${train_len[@]}" --val-sentences 0 --quiet \
     --out "$work/run" --batches-out "$work/batches.txt" > "$work/train.log" 2>&1
 tps=$(train_tps "$work/run")
@@ -172,7 +172,7 @@ if [ $device = cpu ] && [ -n "$cpu_py" ]; then  # PyTorch on the same batches, a
     $cpu_py test/torch_cpu_train.py "$work/batches.txt" 2>&1 | grep '^TRAIN' | field tgt_tok_per_s >> "$work/torch.txt" || true
   done
   read -r tps_min tps_med < <(stats < "$work/ours.txt")
-  read -r ttps_min ttps_med < <(stats < "$work/torch.txt")
+  read -r ttps_min ttps_med < <(stats < "$work/torch.txt") || true  # empty when the peer failed: the ratio is "-"
   tps_max=$(sort -g "$work/ours.txt" | tail -n 1) ttps_max=$(sort -g "$work/torch.txt" | tail -n 1)
   tps="$tps_max (fastest), $tps_med (median)"
   # throughputs: ours / PyTorch's is PyTorch's time / ours
