@@ -135,6 +135,24 @@ struct Workspace {
   }
 };
 
+// One NR-wide column panel of op(B): op(B)(k0 + k, jb + c) at dst[k NR + c] for k < kc, zero past
+// column w. gemm_with packs a (KC x NC) block at a time; PackedOperands packs whole operands.
+void pack_b_panel(float* dst, int NR, bool tb, const float* B, int ldb, int k0, int kc, int jb, int w) {
+  if (w < NR) std::fill(dst, dst + (size_t)kc * NR, 0.0f);
+  if (!tb)  // op(B)(k, j) = B[k ldb + j]: rows of w
+    for (int k = 0; k < kc; ++k) {
+      const float* src = B + (size_t)(k0 + k) * ldb + jb;
+      for (int c = 0; c < w; ++c) dst[k * NR + c] = src[c];
+    }
+  else  // op(B)(k, j) = B[j ldb + k]: columns of kc
+    for (int c = 0; c < w; ++c) {
+      const float* src = B + (size_t)(jb + c) * ldb + k0;
+      for (int k = 0; k < kc; ++k) dst[k * NR + c] = src[k];
+    }
+}
+
+thread_local const PackedOperands* active_packing = nullptr;  // the innermost one alive on this thread
+
 }  // namespace
 
 const char* gemm_kernel_name(GemmKernel k) {
@@ -174,10 +192,11 @@ void gemm_with(GemmKernel which, bool ta, bool tb, int M, int N, int K, const fl
   if (which == GemmKernel::automatic) which = gemm_best_kernel();
   const Kernel kern = kernel_for(which);
   const int MR = kern.MR, NR = kern.NR;
+  const float* packed = active_packing ? active_packing->find(which, {tb, N, K, B, ldb}) : nullptr;
   static thread_local Workspace aspace, bspace;  // the calling thread's; its team shares them
   const int row_panels = (M + MR - 1) / MR, kcmax = std::min(KC, K);
   float* apack = aspace.get((size_t)row_panels * MR * kcmax);
-  float* bpack = bspace.get((size_t)kcmax * ((std::min(NC, N) + NR - 1) / NR * NR));
+  float* bpack = packed ? nullptr : bspace.get((size_t)kcmax * ((std::min(NC, N) + NR - 1) / NR * NR));
 #pragma omp parallel if ((long)M * N * K > 100000)
   for (int k0 = 0; k0 < K; k0 += KC) {
     const int kc = std::min(KC, K - k0);
@@ -200,22 +219,18 @@ void gemm_with(GemmKernel which, bool ta, bool tb, int M, int N, int K, const fl
     }
     for (int j0 = 0; j0 < N; j0 += NC) {
       const int nc = std::min(NC, N - j0), panels = (nc + NR - 1) / NR;
-      // column panel p holds op(B)(k0 + k, j0 + p NR + c) at [(p kc + k) NR + c], zero past column N
+      // column panel p of this block is at bblock + p bstride: in the operand's packed copy when there is
+      // one, else packed here
+      const float* bblock = bpack;
+      size_t bstride = (size_t)kc * NR;
+      if (packed)
+        bblock = packed + ((size_t)(j0 / NR) * K + k0) * NR, bstride = (size_t)K * NR;
+      else {
 #pragma omp for schedule(static)
-      for (int p = 0; p < panels; ++p) {
-        float* dst = bpack + (size_t)p * kc * NR;
-        const int jb = j0 + p * NR, w = std::min(NR, N - jb);
-        if (w < NR) std::fill(dst, dst + (size_t)kc * NR, 0.0f);
-        if (!tb)  // op(B)(k, j) = B[k ldb + j]: rows of w
-          for (int k = 0; k < kc; ++k) {
-            const float* src = B + (size_t)(k0 + k) * ldb + jb;
-            for (int c = 0; c < w; ++c) dst[k * NR + c] = src[c];
-          }
-        else  // op(B)(k, j) = B[j ldb + k]: columns of kc
-          for (int c = 0; c < w; ++c) {
-            const float* src = B + (size_t)(jb + c) * ldb + k0;
-            for (int k = 0; k < kc; ++k) dst[k * NR + c] = src[k];
-          }
+        for (int p = 0; p < panels; ++p) {
+          const int jb = j0 + p * NR;
+          pack_b_panel(bpack + (size_t)p * kc * NR, NR, tb, B, ldb, k0, kc, jb, std::min(NR, N - jb));
+        }
       }
       // The tiles, row panel by row panel, each over the whole packed block of op(B) (in L2). The threads
       // split the tiles in consecutive runs: by row panels when there are many, by column panels for a
@@ -223,11 +238,43 @@ void gemm_with(GemmKernel which, bool ta, bool tb, int M, int N, int K, const fl
 #pragma omp for schedule(static)
       for (int tile = 0; tile < row_panels * panels; ++tile) {
         const int ip = tile / panels, p = tile % panels, i0 = ip * MR, jb = j0 + p * NR;
-        kern.tile(kc, apack + (size_t)ip * kc * MR, bpack + (size_t)p * kc * NR, C + (size_t)i0 * ldc + jb, ldc,
+        kern.tile(kc, apack + (size_t)ip * kc * MR, bblock + p * bstride, C + (size_t)i0 * ldc + jb, ldc,
                   std::min(MR, M - i0), std::min(NR, N - jb));
       }
     }
   }
+}
+
+// Each operand whole, in NR-wide column panels over all K rows: panel p holds op(B)(k, p NR + c) at
+// [(p K + k) NR + c]. A (KC x NC) block of it is then what gemm_with would have packed (NC is a multiple
+// of every NR), with panels K NR apart instead of kc NR.
+PackedOperands::PackedOperands(const std::vector<GemmOperand>& operands, GemmKernel k)
+    : kernel_(k == GemmKernel::automatic ? gemm_best_kernel() : k), previous_(active_packing) {
+  static_assert(NC % kAvx512NR == 0 && NC % kAvx2NR == 0 && NC % kGenericNR == 0, "a block must hold whole panels");
+  const int NR = kernel_for(kernel_).NR;
+  for (const GemmOperand& op : operands) {
+    if (find(kernel_, op)) continue;  // listed twice
+    const int panels = (op.N + NR - 1) / NR;
+    const size_t n = (size_t)panels * op.K * NR;
+    if (n == 0) continue;  // gemm_with has nothing to multiply
+    float* data = static_cast<float*>(std::aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64));
+    if (!data) throw std::bad_alloc();
+    packed_.emplace_back(op, std::unique_ptr<float, void (*)(void*)>(data, &std::free));
+#pragma omp parallel for schedule(static) if (n > 100000)
+    for (int p = 0; p < panels; ++p)
+      pack_b_panel(data + (size_t)p * op.K * NR, NR, op.tb, op.B, op.ldb, 0, op.K, p * NR, std::min(NR, op.N - p * NR));
+    bytes_ += n * sizeof(float);
+  }
+  active_packing = this;
+}
+
+PackedOperands::~PackedOperands() { active_packing = previous_; }
+
+const float* PackedOperands::find(GemmKernel k, const GemmOperand& op) const {
+  if (k != kernel_) return previous_ ? previous_->find(k, op) : nullptr;
+  for (const auto& [o, data] : packed_)
+    if (o == op) return data.get();
+  return previous_ ? previous_->find(k, op) : nullptr;
 }
 
 template <>

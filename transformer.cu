@@ -21,7 +21,8 @@
 #include <sys/resource.h>  // getrlimit
 #include <unistd.h>        // sysconf
 
-#include "gemm.h"  // cpu::gemm<float>, the fast form of the matrix product (the template below is the reference)
+#include "fastexp.h"  // cpu::exp_shifted, exp over a float row (log_softmax's, over the vocabulary)
+#include "gemm.h"     // cpu::gemm<float>, the fast form of the matrix product (the template below is the reference)
 
 // ---- configuration ---------------------------------------------------------------------------------
 
@@ -380,6 +381,7 @@ void attention_forward(T* ctx, T* p, const T* q, const T* k, const T* v, const u
           if (!visible(j)) continue;
           const T* kj = k + ((size_t)b * Lk + j) * D + h * Dk;
           T s = 0;
+#pragma omp simd reduction(+ : s)
           for (int d = 0; d < Dk; ++d) s += qi[d] * kj[d];
           pr[j] = s * scale;
           mx = std::max(mx, pr[j]);
@@ -387,7 +389,11 @@ void attention_forward(T* ctx, T* p, const T* q, const T* k, const T* v, const u
         // softmax over the visible keys; a row with none stays all zero (defined output, zero gradient)
         T sum = 0;
         for (int j = 0; j < Lk; ++j) {
-          pr[j] = visible(j) ? std::exp(pr[j] - mx) : T(0);
+          if (!visible(j)) {
+            pr[j] = 0;
+            continue;
+          }
+          pr[j] = std::exp(pr[j] - mx);
           sum += pr[j];
         }
         if (sum > 0)
@@ -781,11 +787,13 @@ template <typename T> void log_softmax(T* out, const T* logits, int M, int V) {
 #pragma omp simd reduction(max : mx)
     for (int v = 0; v < V; ++v) mx = std::max(mx, z[v]);
     // exp in T's precision (a float exp is several times faster than a double one: it was 22% of beam
-    // search's time), written to this thread's scratch (out may be logits) and then summed in double (a
-    // sum carried across the calls waited on memory each time)
+    // search's time; in float, vectorised by fastexp.h), written to this thread's scratch (out may be
+    // logits) and then summed in double (a sum carried across the calls waited on memory each time)
     static thread_local std::vector<T> e;
     if (e.size() < (size_t)V) e.resize(V);
-    for (int v = 0; v < V; ++v) e[v] = std::exp(z[v] - mx);
+    if constexpr (std::is_same_v<T, float>) exp_shifted(e.data(), z, mx, V);
+    else
+      for (int v = 0; v < V; ++v) e[v] = std::exp(z[v] - mx);
     double sum = 0;
 #pragma omp simd reduction(+ : sum)
     for (int v = 0; v < V; ++v) sum += e[v];
@@ -958,7 +966,18 @@ static void prepare_activations(Activations<T>& a, const Config& c, const Batch&
   template <typename... A> static auto name(A&&... args) { return cpu::name(std::forward<A>(args)...); }
 struct CpuOps {
   TRANSFORMER_OPS(CPU_OP)
-  template <typename T> using Buffer = std::vector<T>;  // n elements of this device's memory: Buffer<T>(n)
+  // n elements of this device's memory: Buffer<T>(n), left uninitialised (decoding writes every element
+  // before reading it, and the pages of a K/V cache's capacity that it never reaches are never touched)
+  template <typename T> class Buffer {
+   public:
+    Buffer() = default;
+    explicit Buffer(size_t n) : p_(new T[n]) {}
+    T* data() { return p_.get(); }
+    const T* data() const { return p_.get(); }
+
+   private:
+    std::unique_ptr<T[]> p_;
+  };
   template <typename T> static void zero(T* p, size_t n) { std::fill(p, p + n, T(0)); }
   template <typename T> static void copy(T* dst, const T* src, size_t n) { std::copy(src, src + n, dst); }
   // between the host and this device (decoding's tokens and masks in, log-probabilities out)
@@ -1426,8 +1445,10 @@ size_t decoding_bytes(const Config& c, int sources, int S, int capacity, int row
   Activations<float> a;  // the encoder runs as a batch with a one-position decoder input (encoder_batch)
   const size_t encoder = carve_activations<float>(a, c, sources, S, 1, nullptr);
   const size_t n = (size_t)sources * S * c.D, cache = (size_t)rows * capacity * c.D, RD = (size_t)rows * c.D;
-  // start_decoding's buffers, in its order (floats), and beam_search's log-probabilities on the host
-  const size_t floats = c.N * (2 * n + 2 * cache) + cache + 4 * RD + (size_t)rows * c.H * std::max(capacity, S) +
+  // start_decoding's buffers, in its order (floats), beam_search's log-probabilities on the host, and the
+  // decoder's weights packed for the product (decoder_step_operands; up to 32 columns of padding each)
+  const size_t packed = (size_t)c.N * (6 * (c.D + 32) * c.D + (c.F + 32) * c.D + (c.D + 32) * c.F) + (size_t)(c.V + 32) * c.D;
+  const size_t floats = packed + c.N * (2 * n + 2 * cache) + cache + 4 * RD + (size_t)rows * c.H * std::max(capacity, S) +
                         2 * (size_t)rows * c.F + (size_t)rows * c.V + 2 * (4 * RD + 2 * (size_t)rows) + (size_t)rows * c.V;
   return sizeof(float) * (encoder + floats) + 2 * (size_t)rows * capacity + sizeof(int) * rows;
 }
@@ -1613,14 +1634,17 @@ static std::vector<std::vector<Hypothesis>> beam_search_on(const DecodingModel<T
       while (r1 < k.R && row_sentence[r1] == b) ++r1;
       // the K best extensions of this sentence's live hypotheses (each row's K best tokens suffice)
       std::vector<Candidate> cand;
-      std::vector<int> ids(V);
+      std::vector<int> best;  // a row's K best tokens so far, best first (of equal ones, the lower id first)
       for (int r = r0; r < r1; ++r) {
         const T* lp = logprob.data() + (size_t)r * V;
-        for (int v = 0; v < V; ++v) ids[v] = v;
-        const int top = std::min(K, V);
-        std::partial_sort(ids.begin(), ids.begin() + top, ids.end(),
-                          [&](int a, int c) { return lp[a] != lp[c] ? lp[a] > lp[c] : a < c; });
-        for (int i = 0; i < top; ++i) cand.push_back({live[r].logprob + lp[ids[i]], r, ids[i]});
+        best.clear();
+        for (int v = 0; v < V; ++v) {  // one pass, most tokens rejected by one comparison
+          if ((int)best.size() < K) best.push_back(v);
+          else if (lp[v] > lp[best.back()]) best.back() = v;
+          else continue;
+          for (size_t i = best.size() - 1; i > 0 && lp[best[i]] > lp[best[i - 1]]; --i) std::swap(best[i], best[i - 1]);
+        }
+        for (int v : best) cand.push_back({live[r].logprob + lp[v], r, v});
       }
       std::sort(cand.begin(), cand.end(), better);
       if ((int)cand.size() > K) cand.resize(K);
@@ -1685,11 +1709,27 @@ template <typename T> static DecodingModel<T> host_decoding_model(Transformer<T>
           }};
 }
 
+// The weights every decoder step multiplies, for the CPU's float product to pack once per decoding
+// rather than once per step (cpu::PackedOperands): a step multiplies each by only a few rows.
+template <typename T> static std::vector<cpu::GemmOperand> decoder_step_operands(const Config& c, const Weights<T>& W) {
+  std::vector<cpu::GemmOperand> operands;
+  if constexpr (std::is_same_v<T, float>) {
+    auto linear = [&](const float* w, int I, int O) { operands.push_back({false, O, I, w, O}); };  // in @ w
+    for (const DecoderLayerWeights<float>& l : W.dec) {
+      for (const float* w : {l.self.wq, l.self.wk, l.self.wv, l.self.wo, l.cross.wq, l.cross.wo}) linear(w, c.D, c.D);
+      linear(l.ffn.w1, c.D, c.F), linear(l.ffn.w2, c.F, c.D);
+    }
+    operands.push_back({true, c.V, c.D, W.emb, c.D});  // y @ emb^T [§3.4]
+  }
+  return operands;
+}
+
 // Decoding runs where the model is: on its device (float only) when it has one, else on the CPU.
 template <typename T>
 std::vector<Hypothesis> greedy_decode(Transformer<T>& m, const std::vector<std::vector<int>>& src, int max_extra) {
   if constexpr (std::is_same_v<T, float>)
     if (m.device) return m.device->greedy_decode(src, max_extra);
+  const cpu::PackedOperands packed(decoder_step_operands(m.cfg, m.W));
   return greedy_decode_on<CpuOps>(host_decoding_model(m), src, max_extra);
 }
 
@@ -1698,6 +1738,7 @@ std::vector<std::vector<Hypothesis>> beam_search(Transformer<T>& m, const std::v
                                                  const DecodeOptions& opt) {
   if constexpr (std::is_same_v<T, float>)
     if (m.device) return m.device->beam_search(src, opt);
+  const cpu::PackedOperands packed(decoder_step_operands(m.cfg, m.W));
   return beam_search_on<CpuOps>(host_decoding_model(m), src, opt);
 }
 
@@ -1705,6 +1746,7 @@ template <typename T>
 std::vector<T> decoder_logprobs(Transformer<T>& m, const std::vector<int>& src, const std::vector<int>& y) {
   if constexpr (std::is_same_v<T, float>)
     if (m.device) return m.device->decoder_logprobs(src, y);
+  const cpu::PackedOperands packed(decoder_step_operands(m.cfg, m.W));
   return decoder_logprobs_on<CpuOps>(host_decoding_model(m), src, y);
 }
 

@@ -354,6 +354,34 @@ bool gemm_kernel_supported(GemmKernel k);  // this build has the kernel and this
 GemmKernel gemm_best_kernel();             // what automatic chooses
 void gemm_with(GemmKernel k, bool ta, bool tb, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
                float* C, int ldc, bool accumulate);
+// Decoding multiplies the same weights by a few rows at every step, where packing op(B) for each product
+// costs more than the product itself. PackedOperands packs the op(B) operands it is given once, for one
+// kernel; while it lives, gemm_with with that kernel (and gemm<float>, when it is the automatic one) on the
+// thread that made it reads them from there: the same sums in the same order, identical results. The
+// operands must not change while it lives.
+struct GemmOperand {
+  bool tb;
+  int N, K;  // op(B) is (K, N)
+  const float* B;
+  int ldb;
+  bool operator==(const GemmOperand& o) const { return tb == o.tb && N == o.N && K == o.K && B == o.B && ldb == o.ldb; }
+};
+class PackedOperands {
+ public:
+  explicit PackedOperands(const std::vector<GemmOperand>& operands, GemmKernel k = GemmKernel::automatic);
+  ~PackedOperands();
+  PackedOperands(const PackedOperands&) = delete;
+  PackedOperands& operator=(const PackedOperands&) = delete;
+  // the packed copy of op(B) for kernel k, or null when this does not hold it
+  const float* find(GemmKernel k, const GemmOperand& op) const;
+  size_t bytes() const { return bytes_; }
+
+ private:
+  GemmKernel kernel_;
+  std::vector<std::pair<GemmOperand, std::unique_ptr<float, void (*)(void*)>>> packed_;
+  size_t bytes_ = 0;
+  const PackedOperands* previous_;  // the one that was active on this thread before
+};
 
 // [§3.4, §3.5] out = emb[ids] * sqrt(D) + PE; position t of each row is first_pos + t (decoding embeds
 // one position at a time)

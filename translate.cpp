@@ -295,15 +295,16 @@ void write_translation(std::ostream& out, size_t id, const std::vector<Hypothesi
   for (const Hypothesis& h : hyps) out << id << " ||| " << tok.decode(h.tokens) << " ||| " << h.score << " ||| " << h.logprob << "\n";
 }
 
-// Every non-empty source's n-best list, decoded in batches of similar length (less padding); an empty
-// source gets an empty list. On the CPU, --batch is lowered (with a warning) to what memory holds.
+// Every non-empty source's n-best list, decoded in batches of similar length (less padding), the longest
+// first (the buffers the first batch grows fit every later one); an empty source gets an empty list. On the
+// CPU, --batch is lowered (with a warning) to what memory holds.
 std::vector<std::vector<Hypothesis>> decode_all(Transformer<float>& m, const std::vector<std::vector<int>>& src, Options& o) {
   std::vector<size_t> order;
   for (size_t i = 0; i < src.size(); ++i)
     if (!src[i].empty()) order.push_back(i);
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return src[a].size() < src[b].size(); });
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return src[a].size() > src[b].size(); });
   if (o.device == "cpu" && !order.empty()) {  // as many sentences at a time as memory holds
-    const int rows_each = o.greedy ? 1 : o.decode.beam, longest = (int)src[order.back()].size();
+    const int rows_each = o.greedy ? 1 : o.decode.beam, longest = (int)src[order.front()].size();
     auto bytes = [&](size_t sentences) {
       return decoding_bytes(m.cfg, (int)sentences, longest + 1, max_output_length(m.cfg, longest, o.decode.max_extra),
                             (int)sentences * rows_each);

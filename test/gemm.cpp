@@ -2,7 +2,9 @@
 // every kernel this CPU runs (AVX-512, AVX2, generic), all four transpositions, with and without
 // accumulation, padded leading dimensions, and shapes that leave partial tiles and blocks on every side.
 // Error measure: |fast - reference| / sum_k |a_ik b_kj|, within (K + 2) 2^-24 (the bound of a float sum
-// of K products). The check itself is shown to reject a result off by a few times that bound.
+// of K products). With op(B) packed beforehand (cpu::PackedOperands), the result must be the same bit for
+// bit. The checks themselves are shown to reject a result off by a few times that bound, and a product
+// computed from a changed packed copy.
 #include <cstdio>
 #include <vector>
 
@@ -53,6 +55,38 @@ static void check_product(Checker& chk, GemmKernel k, bool ta, bool tb, int M, i
     }
 }
 
+// The same product with op(B) packed beforehand (cpu::PackedOperands, as decoding packs its weights):
+// bit for bit the result without it. `corrupt` changes one element of the packed copy first (the check of
+// the check: the results must then differ).
+static void check_packed(Checker& chk, GemmKernel k, bool ta, bool tb, int M, int N, int K, bool corrupt) {
+  Lcg rng;
+  const int lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 5, ldc = N + 2;
+  std::vector<float> A((size_t)(ta ? K : M) * lda), B((size_t)(tb ? N : K) * ldb), C((size_t)M * ldc);
+  for (auto* v : {&A, &B, &C})
+    for (float& x : *v) x = rng.next();
+  std::vector<float> plain(C), packed(C);
+  cpu::gemm_with(k, ta, tb, M, N, K, A.data(), lda, B.data(), ldb, plain.data(), ldc, true);
+  char what[160];
+  std::snprintf(what, sizeof what, "packed op(B): %s ta=%d tb=%d M=%d N=%d K=%d", cpu::gemm_kernel_name(k), ta, tb, M, N, K);
+  {
+    const cpu::GemmOperand op{tb, N, K, B.data(), ldb};
+    const cpu::PackedOperands packs({op}, k);
+    float* copy = const_cast<float*>(packs.find(k, op));
+    if (N == 0 || K == 0)  // nothing to pack: gemm_with has nothing to multiply
+      chk.expect(copy == nullptr, "%s: an empty operand was packed", what);
+    else if (!chk.expect(copy != nullptr, "%s: the operand is not found", what))
+      return;
+    for (GemmKernel other : {GemmKernel::avx512, GemmKernel::avx2, GemmKernel::generic})
+      if (other != k) chk.expect(packs.find(other, op) == nullptr, "%s: found for the %s kernel too", what, cpu::gemm_kernel_name(other));
+    chk.expect(packs.find(k, {tb, N, K, B.data(), ldb + 1}) == nullptr, "%s: found with another ldb", what);
+    if (corrupt && copy) copy[0] += 1.0f;
+    cpu::gemm_with(k, ta, tb, M, N, K, A.data(), lda, B.data(), ldb, packed.data(), ldc, true);
+  }
+  size_t differ = 0;
+  for (size_t i = 0; i < C.size(); ++i) differ += plain[i] != packed[i];
+  chk.expect(differ == 0, "%s: %zu elements differ from the product without it", what, differ);
+}
+
 int main() {
   Checker chk("gemm");
   std::vector<GemmKernel> kernels;
@@ -67,12 +101,19 @@ int main() {
   for (GemmKernel k : kernels)
     for (const auto& s : shapes)
       for (int t = 0; t < 8; ++t) check_product(chk, k, t & 1, t & 2, s[0], s[1], s[2], t & 4, 0.0);
-  // the check rejects a result off by four times its bound
+  for (GemmKernel k : kernels)
+    for (const auto& s : shapes)
+      for (int t = 0; t < 4; ++t) check_packed(chk, k, t & 1, t & 2, s[0], s[1], s[2], false);
+  // the check rejects a result off by four times its bound, and a product that used a changed packed copy
   for (GemmKernel k : kernels) {
     Checker must_fail("gemm, a deliberately wrong result (this FAIL line is expected)");
     check_product(must_fail, k, false, true, 25, 70, 300, false, 4.0);
     chk.expect(must_fail.failures == 1, "%s: a result off by 4x the bound was not rejected (failures %ld)",
                cpu::gemm_kernel_name(k), must_fail.failures);
+    Checker packed_must_fail("gemm, a changed packed operand (this FAIL line is expected)");
+    check_packed(packed_must_fail, k, false, true, 25, 70, 300, true);
+    chk.expect(packed_must_fail.failures == 1, "%s: a product from a changed packed copy was not rejected (failures %ld)",
+               cpu::gemm_kernel_name(k), packed_must_fail.failures);
   }
   return chk.finish();
 }
