@@ -136,8 +136,9 @@ struct Workspace {
 };
 
 // One NR-wide column panel of op(B): op(B)(k0 + k, jb + c) at dst[k NR + c] for k < kc, zero past
-// column w. gemm_with packs a (KC x NC) block at a time; PackedOperands packs whole operands.
-void pack_b_panel(float* dst, int NR, bool tb, const float* B, int ldb, int k0, int kc, int jb, int w) {
+// column w. gemm_with packs a (KC x NC) block of op(B) at a time, and op(A)'s row panels as column panels
+// of op(A)^T; PackedOperands packs whole operands.
+void pack_panel(float* dst, int NR, bool tb, const float* B, int ldb, int k0, int kc, int jb, int w) {
   if (w < NR) std::fill(dst, dst + (size_t)kc * NR, 0.0f);
   if (!tb)  // op(B)(k, j) = B[k ldb + j]: rows of w
     for (int k = 0; k < kc; ++k) {
@@ -202,21 +203,8 @@ void gemm_with(GemmKernel which, bool ta, bool tb, int M, int N, int K, const fl
     const int kc = std::min(KC, K - k0);
     // row panel ip of op(A) holds op(A)(ip MR + r, k0 + k) at [(ip kc + k) MR + r], zero past row M
 #pragma omp for schedule(static)
-    for (int ip = 0; ip < row_panels; ++ip) {
-      float* dst = apack + (size_t)ip * kc * MR;
-      const int i0 = ip * MR, h = std::min(MR, M - i0);
-      if (h < MR) std::fill(dst, dst + (size_t)kc * MR, 0.0f);
-      if (!ta)  // op(A)(i, k) = A[i lda + k]: rows of kc
-        for (int r = 0; r < h; ++r) {
-          const float* src = A + (size_t)(i0 + r) * lda + k0;
-          for (int k = 0; k < kc; ++k) dst[k * MR + r] = src[k];
-        }
-      else  // op(A)(i, k) = A[k lda + i]: rows of h
-        for (int k = 0; k < kc; ++k) {
-          const float* src = A + (size_t)(k0 + k) * lda + i0;
-          for (int r = 0; r < h; ++r) dst[k * MR + r] = src[r];
-        }
-    }
+    for (int ip = 0; ip < row_panels; ++ip)  // the column panels of op(A)^T: A with the opposite transposition
+      pack_panel(apack + (size_t)ip * kc * MR, MR, !ta, A, lda, k0, kc, ip * MR, std::min(MR, M - ip * MR));
     for (int j0 = 0; j0 < N; j0 += NC) {
       const int nc = std::min(NC, N - j0), panels = (nc + NR - 1) / NR;
       // column panel p of this block is at bblock + p bstride: in the operand's packed copy when there is
@@ -229,7 +217,7 @@ void gemm_with(GemmKernel which, bool ta, bool tb, int M, int N, int K, const fl
 #pragma omp for schedule(static)
         for (int p = 0; p < panels; ++p) {
           const int jb = j0 + p * NR;
-          pack_b_panel(bpack + (size_t)p * kc * NR, NR, tb, B, ldb, k0, kc, jb, std::min(NR, N - jb));
+          pack_panel(bpack + (size_t)p * kc * NR, NR, tb, B, ldb, k0, kc, jb, std::min(NR, N - jb));
         }
       }
       // The tiles, row panel by row panel, each over the whole packed block of op(B) (in L2). The threads
@@ -262,7 +250,7 @@ PackedOperands::PackedOperands(const std::vector<GemmOperand>& operands, GemmKer
     packed_.emplace_back(op, std::unique_ptr<float, void (*)(void*)>(data, &std::free));
 #pragma omp parallel for schedule(static) if (n > 100000)
     for (int p = 0; p < panels; ++p)
-      pack_b_panel(data + (size_t)p * op.K * NR, NR, op.tb, op.B, op.ldb, 0, op.K, p * NR, std::min(NR, op.N - p * NR));
+      pack_panel(data + (size_t)p * op.K * NR, NR, op.tb, op.B, op.ldb, 0, op.K, p * NR, std::min(NR, op.N - p * NR));
     bytes_ += n * sizeof(float);
   }
   active_packing = this;
