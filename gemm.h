@@ -251,7 +251,6 @@ PackedOperands::PackedOperands(const std::vector<GemmOperand>& operands, GemmKer
 #pragma omp parallel for schedule(static) if (n > 100000)
     for (int p = 0; p < panels; ++p)
       pack_panel(data + (size_t)p * op.K * NR, NR, op.tb, op.B, op.ldb, 0, op.K, p * NR, std::min(NR, op.N - p * NR));
-    bytes_ += n * sizeof(float);
   }
   active_packing = this;
 }

@@ -397,6 +397,7 @@ struct Evaluation {
   // there, so its BLEU would be 0 by definition and is not measured (NaN); BLEU otherwise.
   std::string summary() const {
     char b[128];
+    if (sentences == 0) return "no sentences decoded (--val-sentences 0)";
     if (!std::isnan(exact)) std::snprintf(b, sizeof b, "exact match %.1f%% on %d sentences (greedy)", exact, sentences);
     else std::snprintf(b, sizeof b, "greedy BLEU %.2f on %d sentences", bleu, sentences);
     return b;

@@ -374,12 +374,10 @@ class PackedOperands {
   PackedOperands& operator=(const PackedOperands&) = delete;
   // the packed copy of op(B) for kernel k, or null when this does not hold it
   const float* find(GemmKernel k, const GemmOperand& op) const;
-  size_t bytes() const { return bytes_; }
 
  private:
   GemmKernel kernel_;
   std::vector<std::pair<GemmOperand, std::unique_ptr<float, void (*)(void*)>>> packed_;
-  size_t bytes_ = 0;
   const PackedOperands* previous_;  // the one that was active on this thread before
 };
 

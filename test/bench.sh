@@ -19,9 +19,9 @@
 # times each (default 3), and the ratio is given for the fastest and the median run; row 3's peer,
 # test/torch_cpu_train.py, trains the same model on the very batches ./train trained on (--batches-out),
 # alternately with ./train, as many times. Each of our CPU rows
-# also gives its peak resident memory. With BENCH_LATE_RUN=DIR (the folder of a long `./train` run of the
-# small config on Multi30k) row 7 resumes it for a few steps: tokens/s late in training beside row 3's
-# fresh figure. Before the rows: this machine's fp32 peak and the gemm on the model's shapes (gemm_bench).
+# also gives its peak resident memory. With BENCH_LATE_RUN=DIR (the folder of a long `./train` run on
+# Multi30k, started with the options in BENCH_LATE_ARGS, default "--config small") row 7 resumes it for a
+# few steps: tokens/s late in training beside a fresh run of the same options. Before the rows: this machine's fp32 peak and the gemm on the model's shapes (gemm_bench).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bench=./build/test/bench
@@ -200,15 +200,24 @@ for mode in "--greedy" "--beam 4"; do
 done
 echo "(row 4 decodes with the model of row 3, $what of training; PyTorch's greedy decoding has no K/V cache)"
 
-# 7. late in training: a long run's checkpoint resumed for 6 steps (BENCH_LATE_RUN=DIR, the small config)
+# 7. late in training: a long run's checkpoint resumed for 6 steps beside a fresh run of the same options
+# for 6 steps, in this call (BENCH_LATE_RUN=DIR; BENCH_LATE_ARGS, default "--config small", the options the
+# run was started with, which --resume needs; its vocabulary, so that no BPE is learned)
 if [ -n "${BENCH_LATE_RUN:-}" ]; then
-  mkdir -p "$work/late" && cp "$BENCH_LATE_RUN/vocab.bpe" "$work/late/" && cp -L "$BENCH_LATE_RUN/model.bin" "$work/late/model.bin"
+  read -r -a late_args <<< "${BENCH_LATE_ARGS:---config small}"
   step=$(readlink "$BENCH_LATE_RUN/model.bin" | sed -n 's/^ckpt-0*\([0-9][0-9]*\)\.bin$/\1/p')
-  rss ./train --data data/multi30k --config small --device $device --resume --out "$work/late" --max-steps $((step + 6)) \
-      --val-sentences 0 --quiet > "$work/late.log" 2>&1
+  for run in early late; do
+    mkdir -p "$work/$run" && cp "$BENCH_LATE_RUN/vocab.bpe" "$work/$run/"
+    if [ $run = early ]; then from=(--max-steps 6)
+    else cp -L "$BENCH_LATE_RUN/model.bin" "$work/late/model.bin" && from=(--resume --max-steps $((step + 6))); fi
+    rss ./train --data data/multi30k "${late_args[@]}" --device $device "${from[@]}" --vocab "$work/$run/vocab.bpe" \
+        --out "$work/$run" --val-sentences 0 --quiet > "$work/$run.log" 2>&1
+  done
+  early=$(train_tps "$work/early")  # the steps after the first of each
   late=$(awk -F, -v s="$step" '$1 > s + 1 && $5 != "" { t += $5; n++ } END { if (n) printf "%.0f", t / n }' "$work/late/log.csv")
-  row "7. Multi30k, resumed at step $step of $BENCH_LATE_RUN, 6 steps" \
-      "$late target tok/s, peak RSS $(mb "$(field RSS_KB < "$work/late.log")") MB" "late / fresh (row 3): $(ratio "$late" "$fresh")"
+  row "7. Multi30k, ${late_args[*]}: resumed at step $step of $BENCH_LATE_RUN, 6 steps" \
+      "$late target tok/s, peak RSS $(mb "$(field RSS_KB < "$work/late.log")") MB" \
+      "late / fresh ($early tok/s): $(ratio "$late" "$early")"
 fi
 data_parallel_row
 gpu_counts_rows
