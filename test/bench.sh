@@ -18,10 +18,11 @@
 # (torch_cpu_step.py: .ref/, else ../shared/bench/) runs the step rows alternately with ours, $BENCH_RUNS
 # times each (default 3), and the ratio is given for the fastest and the median run; row 3's peer,
 # test/torch_cpu_train.py, trains the same model on the very batches ./train trained on (--batches-out),
-# alternately with ./train, as many times. Each of our CPU rows
-# also gives its peak resident memory. With BENCH_LATE_RUN=DIR (the folder of a long `./train` run on
-# Multi30k, started with the options in BENCH_LATE_ARGS, default "--config small") row 7 resumes it for a
-# few steps: tokens/s late in training beside a fresh run of the same options. Before the rows: this machine's fp32 peak and the gemm on the model's shapes (gemm_bench).
+# alternately with ./train, as many times. Each of our CPU rows also gives its peak resident memory.
+# With BENCH_LATE_RUN=DIR (the folder of a long `./train` run on Multi30k, started with the options in
+# BENCH_LATE_ARGS, default "--config small") row 7 resumes it for a few steps: tokens/s late in training
+# beside a fresh run of the same options. Before the rows: this machine's fp32 peak and the gemm on the
+# model's shapes (gemm_bench).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bench=./build/test/bench

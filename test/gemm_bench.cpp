@@ -1,6 +1,7 @@
 // gemm_bench: this machine's fp32 peak and cpu::gemm<float> on the model's real shapes, as GFLOP/s and as a
 // fraction of that peak, for each kernel the CPU runs; OpenBLAS on the same shapes beside it when its
-// library can be loaded (libopenblas.so.0, loaded at run time: a yardstick, not a dependency). Run by
+// library can be loaded (libopenblas.so.0, loaded at run time: a yardstick, not a dependency); for
+// decoding's shapes also with op(B) packed beforehand (cpu::PackedOperands, as decoding runs them). Run by
 // `make bench` (test/bench.sh), not by CTest.
 //   gemm_bench [--reps N]
 // The peak is a loop of independent fused multiply-adds on registers only (no memory traffic), on one
@@ -143,6 +144,12 @@ int main(int argc, char** argv) {
         std::snprintf(buf, sizeof buf, " (%.0f%% of peak)", 100 * g / peak_all);
         line += buf;
       }
+    }
+    if (s.M <= 128) {  // decoding's shapes: op(B) (a weight) packed once beforehand, as decoding does
+      const cpu::PackedOperands packed({{s.tb, s.N, s.K, B.data(), ldb}});
+      const double g = best_of([&] { cpu::gemm<float>(s.ta, s.tb, s.M, s.N, s.K, A.data(), lda, B.data(), ldb, C.data(), s.N, false); });
+      std::snprintf(buf, sizeof buf, " %s_packed=%.1f", cpu::gemm_kernel_name(cpu::gemm_best_kernel()), g);
+      line += buf;
     }
     if (blas) {
       const double g = best_of([&] {
