@@ -201,24 +201,31 @@ for mode in "--greedy" "--beam 4"; do
 done
 echo "(row 4 decodes with the model of row 3, $what of training; PyTorch's greedy decoding has no K/V cache)"
 
-# 7. late in training: a long run's checkpoint resumed for 6 steps beside a fresh run of the same options
-# for 6 steps, in this call (BENCH_LATE_RUN=DIR; BENCH_LATE_ARGS, default "--config small", the options the
-# run was started with, which --resume needs; its vocabulary, so that no BPE is learned)
+# 7. late in training: a long run's checkpoint resumed for 6 steps, alternately with a fresh run of the same
+# options for 6 steps, $runs times each (BENCH_LATE_RUN=DIR; BENCH_LATE_ARGS, default "--config small", the
+# options the run was started with, which --resume needs; its vocabulary, so that no BPE is learned). The
+# mean tokens/s of each run's steps after its first.
 if [ -n "${BENCH_LATE_RUN:-}" ]; then
   read -r -a late_args <<< "${BENCH_LATE_ARGS:---config small}"
   step=$(readlink "$BENCH_LATE_RUN/model.bin" | sed -n 's/^ckpt-0*\([0-9][0-9]*\)\.bin$/\1/p')
-  for run in early late; do
-    mkdir -p "$work/$run" && cp "$BENCH_LATE_RUN/vocab.bpe" "$work/$run/"
-    if [ $run = early ]; then from=(--max-steps 6)
-    else cp -L "$BENCH_LATE_RUN/model.bin" "$work/late/model.bin" && from=(--resume --max-steps $((step + 6))); fi
-    rss ./train --data data/multi30k "${late_args[@]}" --device $device "${from[@]}" --vocab "$work/$run/vocab.bpe" \
-        --out "$work/$run" --val-sentences 0 --quiet > "$work/$run.log" 2>&1
+  : > "$work/early.txt"; : > "$work/late.txt"
+  for ((r = 0; r < runs; r++)); do
+    for run in early late; do
+      rm -rf "${work:?}/$run" && mkdir -p "$work/$run" && cp "$BENCH_LATE_RUN/vocab.bpe" "$work/$run/"
+      if [ $run = early ]; then from=(--max-steps 6) first=0
+      else cp -L "$BENCH_LATE_RUN/model.bin" "$work/late/model.bin" && from=(--resume --max-steps $((step + 6))) first=$step; fi
+      rss ./train --data data/multi30k "${late_args[@]}" --device $device "${from[@]}" --vocab "$work/$run/vocab.bpe" \
+          --out "$work/$run" --val-sentences 0 --quiet > "$work/$run.log" 2>&1
+      awk -F, -v s="$first" 'NR > 1 && $1 > s + 1 && $6 == "" { t += $5; n++ } END { if (n) printf "%.0f\n", t / n }' \
+          "$work/$run/log.csv" >> "$work/$run.txt"
+    done
   done
-  early=$(train_tps "$work/early")  # the steps after the first of each
-  late=$(awk -F, -v s="$step" '$1 > s + 1 && $5 != "" { t += $5; n++ } END { if (n) printf "%.0f", t / n }' "$work/late/log.csv")
+  read -r _ early_med < <(stats < "$work/early.txt")
+  read -r _ late_med < <(stats < "$work/late.txt")
+  early_max=$(sort -g "$work/early.txt" | tail -n 1) late_max=$(sort -g "$work/late.txt" | tail -n 1)
   row "7. Multi30k, ${late_args[*]}: resumed at step $step of $BENCH_LATE_RUN, 6 steps" \
-      "$late target tok/s, peak RSS $(mb "$(field RSS_KB < "$work/late.log")") MB" \
-      "late / fresh ($early tok/s): $(ratio "$late" "$early")"
+      "$late_max (fastest), $late_med (median) target tok/s, peak RSS $(mb "$(field RSS_KB < "$work/late.log")") MB" \
+      "late / fresh: $(ratio "$late_max" "$early_max"), $(ratio "$late_med" "$early_med") (fresh $(sort -g "$work/early.txt" | head -n 1)-$early_max tok/s)"
 fi
 data_parallel_row
 gpu_counts_rows
