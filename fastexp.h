@@ -18,11 +18,11 @@ namespace {
 // ---- hot loop: exp(x) = 2^k exp(r), k = round(x / ln 2) (to nearest), r = x - k ln 2 in [-ln 2 / 2,
 // ln 2 / 2] (ln 2 in two parts, so that r is exact to a float's precision); exp(r) by its Taylor series to
 // r^7 (the rest is below 2^-27 of it); scalef multiplies by 2^k, giving subnormals and then 0 below
-// 2^-126. x is clamped at -104 (exp is 0 in float there); a NaN stays NaN; for x past 88.7, where exp
-// overflows, inf (NaN for +inf).
+// 2^-126. x is clamped to [-104, 89] (exp is 0 in float below, inf above); a NaN stays NaN.
 __attribute__((target("avx512f"))) inline __m512 exp16(__m512 x) {
-  const __m512 lowest = _mm512_set1_ps(-104.0f);
+  const __m512 lowest = _mm512_set1_ps(-104.0f), highest = _mm512_set1_ps(89.0f);
   x = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, lowest, _CMP_LT_OQ), x, lowest);  // a NaN compares false
+  x = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, highest, _CMP_GT_OQ), x, highest);
   const __m512 shifter = _mm512_set1_ps(12582912.0f);  // 1.5 2^23: adding it rounds to an integer
   const __m512 k = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504f), shifter), shifter);
   __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693145752f), x);  // ln 2's first 17 bits: k ln2_hi is exact

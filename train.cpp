@@ -843,7 +843,8 @@ int main(int argc, char** argv) {
   const long steps_per_epoch = ((long)batches.size() + step_batches - 1) / step_batches;
   const long total_steps = o.epochs * steps_per_epoch;
   const long step_limit = o.max_steps > 0 ? std::min(o.max_steps, total_steps) : total_steps;
-  double window_tokens = 0, window_seconds = 0;
+  double window_tokens = 0, window_seconds = 0;  // the progress line's: since the last one printed
+  double log_tokens = 0, log_seconds = 0;        // log.csv's: since its last row (--log-every)
   std::string last_good;  // the newest complete checkpoint: on a resume, the one model.bin names
   if (o.resume) {
     char target[512];
@@ -931,10 +932,14 @@ int main(int argc, char** argv) {
         if (!batches_out.flush()) fail("cannot write " + o.batches_out);
       }
       window_tokens += tokens, window_seconds += dt;
-      LogRow row{m.step, st.epoch + (double)st.batch / batches.size(), loss, lr, window_tokens / window_seconds, NAN, NAN, NAN};
+      log_tokens += tokens, log_seconds += dt;
+      LogRow row{m.step, st.epoch + (double)st.batch / batches.size(), loss, lr, log_tokens / log_seconds, NAN, NAN, NAN};
       const bool epoch_end = st.batch == (long)batches.size();
       if (ranks.rank == 0 && (o.val_every > 0 ? m.step % o.val_every == 0 : epoch_end)) validate(row);
-      if (m.step % o.log_every == 0 || !std::isnan(row.val_loss)) rows.push_back(row);
+      if (m.step % o.log_every == 0 || !std::isnan(row.val_loss)) {
+        rows.push_back(row);
+        log_tokens = log_seconds = 0;
+      }
       if (epoch_end) st.epoch += 1, st.batch = 0;
       if (m.step % o.check_every == 0) check_same_parameters();
       reason = stop_reason();
@@ -945,7 +950,7 @@ int main(int argc, char** argv) {
         double eta = (step_limit - m.step) * (el - elapsed0) / std::max(1L, m.step - first_step);
         if (o.time_limit > 0) eta = std::min(eta, o.time_limit - el);
         std::fprintf(stderr, "%sstep %ld | epoch %.2f | loss %.4f | lr %.2e | %.0f tok/s | %s elapsed | ETA %s%s", tty ? "\r\033[K" : "",
-                     m.step, row.epoch, loss, lr, row.tok_per_s, clock_text(el).c_str(), clock_text(eta).c_str(), tty ? "" : "\n");
+                     m.step, row.epoch, loss, lr, window_tokens / window_seconds, clock_text(el).c_str(), clock_text(eta).c_str(), tty ? "" : "\n");
         last_print = now;
         window_tokens = window_seconds = 0;
       }

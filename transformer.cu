@@ -1447,7 +1447,8 @@ size_t decoding_bytes(const Config& c, int sources, int S, int capacity, int row
   const size_t n = (size_t)sources * S * c.D, cache = (size_t)rows * capacity * c.D, RD = (size_t)rows * c.D;
   // start_decoding's buffers, in its order (floats), beam_search's log-probabilities on the host, and the
   // decoder's weights packed for the product (decoder_step_operands; up to 32 columns of padding each)
-  const size_t packed = (size_t)c.N * (6 * (c.D + 32) * c.D + (c.F + 32) * c.D + (c.D + 32) * c.F) + (size_t)(c.V + 32) * c.D;
+  const size_t D = c.D, F = c.F;
+  const size_t packed = c.N * (6 * (D + 32) * D + (F + 32) * D + (D + 32) * F) + (c.V + 32) * D;
   const size_t floats = packed + c.N * (2 * n + 2 * cache) + cache + 4 * RD + (size_t)rows * c.H * std::max(capacity, S) +
                         2 * (size_t)rows * c.F + (size_t)rows * c.V + 2 * (4 * RD + 2 * (size_t)rows) + (size_t)rows * c.V;
   return sizeof(float) * (encoder + floats) + 2 * (size_t)rows * capacity + sizeof(int) * rows;

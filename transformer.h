@@ -358,7 +358,8 @@ void gemm_with(GemmKernel k, bool ta, bool tb, int M, int N, int K, const float*
 // costs more than the product itself. PackedOperands packs the op(B) operands it is given once, for one
 // kernel; while it lives, gemm_with with that kernel (and gemm<float>, when it is the automatic one) on the
 // thread that made it reads them from there: the same sums in the same order, identical results. The
-// operands must not change while it lives.
+// operands must not change while it lives. A scope on the stack: made and destroyed on one thread, the
+// innermost first (each restores the one active before it).
 struct GemmOperand {
   bool tb;
   int N, K;  // op(B) is (K, N)

@@ -154,9 +154,10 @@ if [ ! -s data/multi30k/train.en ]; then
   exit 0
 fi
 
-# 3. Multi30k training throughput on real batches (mean of log.csv's tokens/s after the first rows)
+# 3. Multi30k training throughput on real batches (train_tps: the mean per-step tokens/s after the first step)
 if [ $device = cuda ]; then train_len=(--epochs 3) what="3 epochs"; else train_len=(--max-steps 6) what="6 steps"; fi
-train_tps() { awk -F, 'NR > 2 && $5 != "" { s += $5; n++ } END { if (n) printf "%.0f\n", s / n }' "$1/log.csv"; }
+# the mean of log.csv's per-step tokens/s after the first step, the final validation's row left out
+train_tps() { awk -F, 'NR > 2 && $5 != "" && $6 == "" { s += $5; n++ } END { if (n) printf "%.0f\n", s / n }' "$1/log.csv"; }
 rss ./train --data data/multi30k --config small --device $device "${train_len[@]}" --val-sentences 0 --quiet \
     --out "$work/run" --batches-out "$work/batches.txt" > "$work/train.log" 2>&1
 tps=$(train_tps "$work/run")
@@ -204,7 +205,7 @@ echo "(row 4 decodes with the model of row 3, $what of training; PyTorch's greed
 # 7. late in training: a long run's checkpoint resumed for 6 steps, alternately with a fresh run of the same
 # options for 6 steps, $runs times each (BENCH_LATE_RUN=DIR; BENCH_LATE_ARGS, default "--config small", the
 # options the run was started with, which --resume needs; its vocabulary, so that no BPE is learned). The
-# mean tokens/s of each run's steps after its first.
+# mean of each run's per-step tokens/s after its first step, as train_tps.
 if [ -n "${BENCH_LATE_RUN:-}" ]; then
   read -r -a late_args <<< "${BENCH_LATE_ARGS:---config small}"
   step=$(readlink "$BENCH_LATE_RUN/model.bin" | sed -n 's/^ckpt-0*\([0-9][0-9]*\)\.bin$/\1/p')
@@ -220,8 +221,8 @@ if [ -n "${BENCH_LATE_RUN:-}" ]; then
           "$work/$run/log.csv" >> "$work/$run.txt"
     done
   done
-  read -r _ early_med < <(stats < "$work/early.txt")
-  read -r _ late_med < <(stats < "$work/late.txt")
+  read -r _ early_med < <(stats < "$work/early.txt") || true  # empty when a run trained no step: the ratio is "-"
+  read -r _ late_med < <(stats < "$work/late.txt") || true
   early_max=$(sort -g "$work/early.txt" | tail -n 1) late_max=$(sort -g "$work/late.txt" | tail -n 1)
   row "7. Multi30k, ${late_args[*]}: resumed at step $step of $BENCH_LATE_RUN, 6 steps" \
       "$late_max (fastest), $late_med (median) target tok/s, peak RSS $(mb "$(field RSS_KB < "$work/late.log")") MB" \

@@ -1,6 +1,6 @@
 // fastexp: cpu::exp_shifted (fastexp.h, the vectorised exp of the float log-softmax) against exp in double
-// over every float in steps across [-110, 88] (normal results, subnormal ones and zeros), at the special
-// values (-inf, NaN), for row lengths that leave a partial vector, in place; then cpu::log_softmax<float>
+// over floats in steps across [-110, 88] (normal results, subnormal ones and zeros), at the special
+// values (-inf, NaN) and past overflow (up to +inf: inf), for row lengths that leave a partial vector, in place; then cpu::log_softmax<float>
 // against the double one on vocabulary-sized rows. Error measure: |got - exp| / max(exp, 2^-126), within
 // 2^-21 (8 ulp; the Taylor series' rest is below 2^-27, the rest is float rounding in Horner's scheme).
 // The check itself is shown to reject a result off by four times that.
@@ -27,6 +27,8 @@ static void check_row(Checker& chk, const std::vector<float>& z, double off, boo
     std::snprintf(what, sizeof what, "exp(%.9g), n=%zu%s", z[i], z.size(), in_place ? " in place" : "");
     const double want = std::exp((double)z[i]);
     if (std::isnan(z[i])) chk.expect(std::isnan(out[i]), "%s: got %g, want NaN", what, out[i]);
+    else if ((float)want == std::numeric_limits<float>::infinity())  // overflows in float
+      chk.expect(out[i] == std::numeric_limits<float>::infinity(), "%s: got %g, want inf", what, out[i]);
     else chk.close(out[i], want, kTol, kTol * kFloor, what);
   }
   chk.expect(out[z.size()] == 7.0f, "n=%zu: wrote past the row", z.size());
@@ -38,7 +40,8 @@ int main() {
   std::vector<float> sweep;
   for (double x = -110; x <= 88; x += 0.0013) sweep.push_back((float)x);
   for (float x : {0.0f, -0.0f, -1e-30f, -87.33654f, -103.97f, -104.0f, -150.0f, -std::numeric_limits<float>::infinity(),
-                  std::numeric_limits<float>::quiet_NaN(), 88.7f})
+                  std::numeric_limits<float>::quiet_NaN(), 88.7f, 88.73f, 89.5f, 1e10f, std::numeric_limits<float>::max(),
+                  std::numeric_limits<float>::infinity()})
     sweep.push_back(x);
   check_row(chk, sweep, 0.0, false);
   check_row(chk, sweep, 0.0, true);
