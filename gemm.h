@@ -241,7 +241,7 @@ PackedOperands::PackedOperands(const std::vector<GemmOperand>& operands, GemmKer
   static_assert(NC % kAvx512NR == 0 && NC % kAvx2NR == 0 && NC % kGenericNR == 0, "a block must hold whole panels");
   const int NR = kernel_for(kernel_).NR;
   for (const GemmOperand& op : operands) {
-    if (find(kernel_, op)) continue;  // listed twice
+    if (find(kernel_, op)) continue;  // listed twice, or held by an enclosing one
     const int panels = (op.N + NR - 1) / NR;
     const size_t n = (size_t)panels * op.K * NR;
     if (n == 0) continue;  // gemm_with has nothing to multiply
@@ -258,9 +258,9 @@ PackedOperands::PackedOperands(const std::vector<GemmOperand>& operands, GemmKer
 PackedOperands::~PackedOperands() { active_packing = previous_; }
 
 const float* PackedOperands::find(GemmKernel k, const GemmOperand& op) const {
-  if (k != kernel_) return previous_ ? previous_->find(k, op) : nullptr;
-  for (const auto& [o, data] : packed_)
-    if (o == op) return data.get();
+  if (k == kernel_)
+    for (const auto& [o, data] : packed_)
+      if (o == op) return data.get();
   return previous_ ? previous_->find(k, op) : nullptr;
 }
 
