@@ -156,8 +156,12 @@ fi
 
 # 3. Multi30k training throughput on real batches (train_tps: the mean per-step tokens/s after the first step)
 if [ $device = cuda ]; then train_len=(--epochs 3) what="3 epochs"; else train_len=(--max-steps 6) what="6 steps"; fi
-# the mean of log.csv's per-step tokens/s after the first step, the final validation's row left out
-train_tps() { awk -F, 'NR > 2 && $5 != "" && $6 == "" { s += $5; n++ } END { if (n) printf "%.0f\n", s / n }' "$1/log.csv"; }
+# train_tps DIR [FIRST]: the mean of DIR/log.csv's per-step tokens/s after step FIRST + 1 (default 0: after
+# the run's first step), the final validation's row left out
+train_tps() {
+  awk -F, -v s="${2:-0}" 'NR > 1 && $1 > s + 1 && $5 != "" && $6 == "" { t += $5; n++ } END { if (n) printf "%.0f\n", t / n }' \
+      "$1/log.csv"
+}
 rss ./train --data data/multi30k --config small --device $device "${train_len[@]}" --val-sentences 0 --quiet \
     --out "$work/run" --batches-out "$work/batches.txt" > "$work/train.log" 2>&1
 tps=$(train_tps "$work/run")
@@ -217,8 +221,7 @@ if [ -n "${BENCH_LATE_RUN:-}" ]; then
       else cp -L "$BENCH_LATE_RUN/model.bin" "$work/late/model.bin" && from=(--resume --max-steps $((step + 6))) first=$step; fi
       rss ./train --data data/multi30k "${late_args[@]}" --device $device "${from[@]}" --vocab "$work/$run/vocab.bpe" \
           --out "$work/$run" --val-sentences 0 --quiet > "$work/$run.log" 2>&1
-      awk -F, -v s="$first" 'NR > 1 && $1 > s + 1 && $6 == "" { t += $5; n++ } END { if (n) printf "%.0f\n", t / n }' \
-          "$work/$run/log.csv" >> "$work/$run.txt"
+      train_tps "$work/$run" "$first" >> "$work/$run.txt"
     done
   done
   read -r _ early_med < <(stats < "$work/early.txt") || true  # empty when a run trained no step: the ratio is "-"
