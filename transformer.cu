@@ -589,11 +589,6 @@ void layernorm_backward(T* din, T* dg, T* db, const T* dout, const T* in, const 
   // END SOLUTION
 }
 
-template <typename T> void residual_forward(T* out, const T* x, const T* y, size_t n) {
-#pragma omp parallel for if (n > 100000)
-  for (size_t i = 0; i < n; ++i) out[i] = x[i] + y[i];
-}
-
 // [§3.1, §5.4] The residual connection around a sub-layer, dropout on the sub-layer's output y included:
 // out = x + Dropout(y) (y is left as it is). The GPU does it in one pass.
 template <typename T> void residual_dropout_forward(T* out, const T* x, const T* y, DropoutKey drop, size_t n) {
@@ -610,13 +605,28 @@ void residual_dropout_layernorm_forward(T* out, T* sum, T* mean, T* rstd, const 
   layernorm_forward(out, mean, rstd, sum, g, b, M, D, eps);
 }
 
-template <typename T> void residual_backward(T* dx, T* dy, const T* dout, size_t n) {
+// Their backwards, each the GPU's one pass:
+//   residual_dropout_backward:           dx += dout,  dy += Dropout'(dout)
+//   residual_dropout_layernorm_backward: with dsum = LayerNorm's input gradient (in the scratch `dsum`),
+//                                        dx += dsum,  dy += Dropout'(dsum),  dg and db += LayerNorm's
+template <typename T> void residual_dropout_backward(T* dx, T* dy, const T* dout, DropoutKey drop, size_t n) {
   // BEGIN SOLUTION task=sublayer_connection_backward points=6
-#pragma omp parallel for if (n > 100000)
-  for (size_t i = 0; i < n; ++i) {
+  const T scale = T(dropout_scale(drop));
+  for_each_dropout(drop, n, [=](size_t i, bool kept) {
     dx[i] += dout[i];
-    dy[i] += dout[i];
-  }
+    dy[i] += dout[i] * (kept ? scale : T(0));
+  });
+  // END SOLUTION
+}
+
+template <typename T>
+void residual_dropout_layernorm_backward(T* dx, T* dy, T* dg, T* db, T* dsum, const T* dout, const T* sum, const T* g,
+                                         const T* mean, const T* rstd, DropoutKey drop, int M, int D) {
+  // BEGIN SOLUTION task=sublayer_connection_backward points=6
+  const size_t n = (size_t)M * D;
+  std::fill(dsum, dsum + n, T(0));
+  layernorm_backward(dsum, dg, db, dout, sum, g, mean, rstd, M, D);
+  residual_dropout_backward(dx, dy, dsum, drop, n);
   // END SOLUTION
 }
 
@@ -915,7 +925,6 @@ template <typename T> static size_t carve_activations(Activations<T>& a, const C
   a.d_stream[1] = take(Mmax * D);
   a.d_enc_out = take(Ms * D);
   a.d_sum = take(Mmax * D);
-  a.d_y = take(Mmax * D);
   a.d_sub = take(Mmax * D);
   a.d_norm = take(Mmax * D);
   a.d_attn = AttentionActs<T>{take(Mmax * D), take(Mmax * D), take(Mmax * D), nullptr, take(Mmax * D)};
@@ -957,8 +966,8 @@ static void prepare_activations(Activations<T>& a, const Config& c, const Batch&
 // forwards to namespace cpu; GpuOps (in the GPU section) to namespace gpu, with the same names.
 #define TRANSFORMER_OPS(X)                                                                                       \
   X(embedding_forward) X(embedding_backward) X(dropout_forward) X(dropout_backward) X(layernorm_forward)        \
-  X(layernorm_backward) X(residual_dropout_forward) X(residual_dropout_layernorm_forward) X(residual_backward)      \
-  X(multihead_attention_forward)                                                                                \
+  X(layernorm_backward) X(residual_dropout_forward) X(residual_dropout_layernorm_forward)                       \
+  X(residual_dropout_backward) X(residual_dropout_layernorm_backward) X(multihead_attention_forward)            \
   X(multihead_attention_backward) X(ffn_forward) X(ffn_backward) X(output_projection_forward)                   \
   X(output_projection_backward) X(label_smoothed_xent_forward) X(label_smoothed_xent_backward)                  \
   X(adam_update) X(grad_norm) X(scale_grads) X(linear_forward) X(attention_forward) X(log_softmax) X(copy_rows)
@@ -1032,19 +1041,15 @@ static void sublayer_connection_backward(T* dx, const NormWeights<T>& dln, const
                                          const Config& c, DropoutKey drop, int M, SublayerBackward sublayer_backward) {
   // BEGIN SOLUTION task=sublayer_connection_backward points=6
   const size_t n = (size_t)M * c.D;
-  Ops::zero(s.d_y, n);
   Ops::zero(s.d_sub, n);
   if (c.pre_ln) {
-    Ops::residual_backward(dx, s.d_y, dout, n);
-    Ops::dropout_backward(s.d_sub, s.d_y, drop, n);
+    Ops::residual_dropout_backward(dx, s.d_sub, dout, drop, n);
     Ops::zero(s.d_norm, n);
     sublayer_backward(a.norm, s.d_sub, s.d_norm);
     Ops::layernorm_backward(dx, dln.g, dln.b, s.d_norm, x, ln.g, a.mean, a.rstd, M, c.D);
   } else {
-    Ops::zero(s.d_sum, n);
-    Ops::layernorm_backward(s.d_sum, dln.g, dln.b, dout, a.sum, ln.g, a.mean, a.rstd, M, c.D);
-    Ops::residual_backward(dx, s.d_y, s.d_sum, n);
-    Ops::dropout_backward(s.d_sub, s.d_y, drop, n);
+    Ops::residual_dropout_layernorm_backward(dx, s.d_sub, dln.g, dln.b, s.d_sum, dout, a.sum, ln.g, a.mean, a.rstd, drop, M,
+                                             c.D);
     sublayer_backward(x, s.d_sub, dx);
   }
   // END SOLUTION
@@ -1917,8 +1922,9 @@ template <typename T> std::vector<const void*> instantiate_for() {
       (const void*)&cpu::linear_backward<T>, (const void*)&cpu::attention_forward<T>, (const void*)&cpu::attention_backward<T>,
       (const void*)&cpu::multihead_attention_forward<T>, (const void*)&cpu::multihead_attention_backward<T>,
       (const void*)&cpu::ffn_forward<T>, (const void*)&cpu::ffn_backward<T>, (const void*)&cpu::layernorm_forward<T>,
-      (const void*)&cpu::layernorm_backward<T>, (const void*)&cpu::residual_forward<T>, (const void*)&cpu::residual_backward<T>,
+      (const void*)&cpu::layernorm_backward<T>, (const void*)&cpu::residual_dropout_backward<T>,
       (const void*)&cpu::residual_dropout_forward<T>, (const void*)&cpu::residual_dropout_layernorm_forward<T>,
+      (const void*)&cpu::residual_dropout_layernorm_backward<T>,
       (const void*)&cpu::output_projection_forward<T>, (const void*)&cpu::output_projection_backward<T>,
       (const void*)&cpu::label_smoothed_xent_forward<T>, (const void*)&cpu::label_smoothed_xent_backward<T>,
       (const void*)&cpu::adam_update<T>, (const void*)&cpu::grad_norm<T>, (const void*)&cpu::scale_grads<T>,
@@ -2435,11 +2441,10 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
   // END SOLUTION
 }
 
-// din of one row (one block per row); the parameters' gradients are layernorm_param_grads_kernel's.
-__global__ void layernorm_backward_kernel(float* din, const float* dout, const float* in, const float* g, const float* mean,
-                                          const float* rstd, int D) {
-  __shared__ float red[kRowThreads];
-  const size_t r = blockIdx.x;
+// The input gradient of row r (this block's): add(i, dx_i) for each of its elements i = r D + d.
+template <typename Add>
+__device__ void layernorm_row_backward(size_t r, const float* dout, const float* in, const float* g, const float* mean,
+                                       const float* rstd, int D, float* red, Add add) {
   const float* x = in + r * D;
   const float* dy = dout + r * D;
   float m1 = 0, m2 = 0;
@@ -2450,11 +2455,17 @@ __global__ void layernorm_backward_kernel(float* din, const float* dout, const f
   }
   m1 = block_sum(m1, red) / D;
   m2 = block_sum(m2, red) / D;
-  float* dx = din + r * D;
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     const float xhat = (x[d] - mean[r]) * rstd[r];
-    dx[d] += rstd[r] * (dy[d] * g[d] - m1 - xhat * m2);
+    add(r * D + d, rstd[r] * (dy[d] * g[d] - m1 - xhat * m2));
   }
+}
+
+// din of one row (one block per row); the parameters' gradients are layernorm_param_grads_kernel's.
+__global__ void layernorm_backward_kernel(float* din, const float* dout, const float* in, const float* g, const float* mean,
+                                          const float* rstd, int D) {
+  __shared__ float red[kRowThreads];
+  layernorm_row_backward(blockIdx.x, dout, in, g, mean, rstd, D, red, [=](size_t i, float dx) { din[i] += dx; });
 }
 
 // dg += sum_rows dy xhat, db += sum_rows dy: a block sums kLnRows rows per column, then adds once.
@@ -2508,8 +2519,21 @@ __global__ void residual_dropout_layernorm_kernel(float* out, float* sum, float*
   for (int d = threadIdx.x; d < D; d += blockDim.x) out[row + d] = (sum[row + d] - mu) * rs * g[d] + b[d];
   if (threadIdx.x == 0) mean[blockIdx.x] = mu, rstd[blockIdx.x] = rs;
 }
-__global__ void residual_backward_kernel(float* dx, float* dy, const float* dout, size_t n) {
-  GRID_STRIDE(i, n) dx[i] += dout[i], dy[i] += dout[i];
+// The residual's gradient g_i of the sum, added to x's and, through the dropout mask, to y's.
+__device__ void residual_dropout_add(float* dx, float* dy, float g, DropoutKey drop, float scale, size_t i) {
+  dx[i] += g;
+  dy[i] += drop.p == 0 || dropout_keeps(drop, i) ? g * scale : 0.f;
+}
+__global__ void residual_dropout_backward_kernel(float* dx, float* dy, const float* dout, DropoutKey drop, float scale, size_t n) {
+  GRID_STRIDE(i, n) residual_dropout_add(dx, dy, dout[i], drop, scale, i);
+}
+// One block per row: LayerNorm's input gradient of the row, straight into the residual's two paths.
+__global__ void residual_dropout_layernorm_backward_kernel(float* dx, float* dy, const float* dout, const float* sum,
+                                                           const float* g, const float* mean, const float* rstd, DropoutKey drop,
+                                                           float scale, int D) {
+  __shared__ float red[kRowThreads];
+  layernorm_row_backward(blockIdx.x, dout, sum, g, mean, rstd, D, red,
+                         [=](size_t i, float dsum) { residual_dropout_add(dx, dy, dsum, drop, scale, i); });
 }
 void residual_dropout_forward(float* out, const float* x, const float* y, DropoutKey drop, size_t n) {
   if (n) LAUNCH(residual_dropout_kernel, blocks_for(n), 256, 0, out, x, y, drop, (float)dropout_scale(drop), n);
@@ -2520,8 +2544,15 @@ void residual_dropout_layernorm_forward(float* out, float* sum, float* mean, flo
   LAUNCH(residual_dropout_layernorm_kernel, M, kRowThreads, 0, out, sum, mean, rstd, x, y, drop, (float)dropout_scale(drop), g, b, D,
          (float)eps);
 }
-void residual_backward(float* dx, float* dy, const float* dout, size_t n) {
-  if (n) LAUNCH(residual_backward_kernel, blocks_for(n), 256, 0, dx, dy, dout, n);
+void residual_dropout_backward(float* dx, float* dy, const float* dout, DropoutKey drop, size_t n) {
+  if (n) LAUNCH(residual_dropout_backward_kernel, blocks_for(n), 256, 0, dx, dy, dout, drop, (float)dropout_scale(drop), n);
+}
+void residual_dropout_layernorm_backward(float* dx, float* dy, float* dg, float* db, float*, const float* dout, const float* sum,
+                                         const float* g, const float* mean, const float* rstd, DropoutKey drop, int M, int D) {
+  if (M == 0) return;
+  LAUNCH(residual_dropout_layernorm_backward_kernel, M, kRowThreads, 0, dx, dy, dout, sum, g, mean, rstd, drop,
+         (float)dropout_scale(drop), D);
+  LAUNCH(layernorm_param_grads_kernel, (M + kLnRows - 1) / kLnRows, kRowThreads, 0, dg, db, dout, sum, mean, rstd, M, D);
 }
 
 // ---- §3.4 the pre-softmax projection (the shared embedding) ------------------------------------------

@@ -176,7 +176,7 @@ template <typename T> struct Activations {
   // backward scratch
   T *d_stream[2];          // gradient of the residual stream, ping-ponged layer by layer (B, L, D)
   T *d_enc_out;            // gradient of the encoder output, summed over the cross-attentions (B, S, D)
-  T *d_sum, *d_y, *d_sub, *d_norm;  // inside a sublayer connection (B, L, D)
+  T *d_sum, *d_sub, *d_norm;  // inside a sublayer connection (B, L, D)
   AttentionActs<T> d_attn;  // dq, dk, dv, dctx (p unused)
   T *dh, *dlogits;          // (B*L, F) and (B, T, V)
 };
@@ -440,15 +440,18 @@ template <typename T>
 void layernorm_backward(T* din, T* dg, T* db, const T* dout, const T* in, const T* g, const T* mean,
                         const T* rstd, int M, int D);
 
-// [§3.1] out = x + y
-template <typename T> void residual_forward(T* out, const T* x, const T* y, size_t n);
-// out = x + Dropout(y): the residual connection around a sub-layer, its dropout included (y unchanged).
+// [§3.1] out = x + Dropout(y): the residual connection around a sub-layer, its dropout included (y unchanged).
 template <typename T> void residual_dropout_forward(T* out, const T* x, const T* y, DropoutKey drop, size_t n);
 // Post-LN's end of a sub-layer: sum = x + Dropout(y), out = LayerNorm(sum) with its mean and rstd.
 template <typename T>
 void residual_dropout_layernorm_forward(T* out, T* sum, T* mean, T* rstd, const T* x, const T* y, DropoutKey drop, const T* g,
                                         const T* b, int M, int D, double eps);
-template <typename T> void residual_backward(T* dx, T* dy, const T* dout, size_t n);
+// Their backwards: dx += dout, dy += Dropout'(dout); post-LN, the same of LayerNorm's input gradient
+// (computed into the scratch dsum (M, D)), and dg, db += LayerNorm's parameter gradients.
+template <typename T> void residual_dropout_backward(T* dx, T* dy, const T* dout, DropoutKey drop, size_t n);
+template <typename T>
+void residual_dropout_layernorm_backward(T* dx, T* dy, T* dg, T* db, T* dsum, const T* dout, const T* sum, const T* g,
+                                         const T* mean, const T* rstd, DropoutKey drop, int M, int D);
 
 // [§3.4] logits (M,V) = y (M,D) @ emb^T: the pre-softmax projection shares the embedding matrix
 template <typename T>
@@ -565,7 +568,11 @@ void layernorm_backward(float* din, float* dg, float* db, const float* dout, con
 void residual_dropout_forward(float* out, const float* x, const float* y, DropoutKey drop, size_t n);
 void residual_dropout_layernorm_forward(float* out, float* sum, float* mean, float* rstd, const float* x, const float* y,
                                         DropoutKey drop, const float* g, const float* b, int M, int D, double eps);
-void residual_backward(float* dx, float* dy, const float* dout, size_t n);
+void residual_dropout_backward(float* dx, float* dy, const float* dout, DropoutKey drop, size_t n);
+// one pass per row; dsum is unused (the CPU's scratch)
+void residual_dropout_layernorm_backward(float* dx, float* dy, float* dg, float* db, float* dsum, const float* dout,
+                                         const float* sum, const float* g, const float* mean, const float* rstd, DropoutKey drop,
+                                         int M, int D);
 void output_projection_forward(float* logits, const float* y, const float* emb, int M, int D, int V);
 void output_projection_backward(float* dy, float* demb, const float* dlogits, const float* y, const float* emb, int M, int D,
                                 int V);

@@ -325,19 +325,41 @@ inline std::vector<std::pair<std::string, CheckFn>> xent_checks(const Case& c) {
   });
 }
 
-// The residual connection on its own, and the whole model through the sub-layer connections.
+// The residual connection with the sub-layer's dropout on its own (post-LN: and LayerNorm), and the whole
+// model through the sub-layer connections.
 inline std::vector<std::pair<std::string, CheckFn>> sublayer_checks(const Case& c) {
   if (c.s("part", "") == "residual") {
-    const int n = c.i("n", 33);
-    return per_input(c, "residual", {"x", "y"}, [=](Rand& rng) {
-      struct S { Vec x, y, dx, dy; };
+    const int M = c.i("M", 3), D = c.i("D", 11);
+    const size_t n = (size_t)M * D;
+    const DropoutKey drop = dropout_key(3, 1, 4, c.d("p", 0));
+    if (c.i("layernorm", 0) == 0)
+      return per_input(c, "residual_dropout", {"x", "y"}, [=](Rand& rng) {
+        struct S { Vec x, y, dx, dy; };
+        auto s = hold<S>();
+        s->x = rng.vec(n), s->y = rng.vec(n);
+        GradientOp g;
+        g.inputs = {{"x", &s->x, &s->dx}, {"y", &s->y, &s->dy}};
+        g.out_size = n;
+        g.forward = [=](Vec& out) { cpu::residual_dropout_forward(out.data(), s->x.data(), s->y.data(), drop, n); };
+        g.backward = [=](const Vec& d) { cpu::residual_dropout_backward(s->dx.data(), s->dy.data(), d.data(), drop, n); };
+        return g;
+      });
+    return per_input(c, "residual_dropout_layernorm", {"x", "y", "g", "b"}, [=](Rand& rng) {
+      struct S { Vec x, y, g, b, sum, mean, rstd, dsum, dx, dy, dg, db; };
       auto s = hold<S>();
-      s->x = rng.vec(n), s->y = rng.vec(n);
+      s->x = rng.vec(n), s->y = rng.vec(n), s->g = rng.vec(D), s->b = rng.vec(D);
+      s->sum.resize(n), s->mean.resize(M), s->rstd.resize(M), s->dsum.resize(n);
       GradientOp g;
-      g.inputs = {{"x", &s->x, &s->dx}, {"y", &s->y, &s->dy}};
+      g.inputs = {{"x", &s->x, &s->dx}, {"y", &s->y, &s->dy}, {"g", &s->g, &s->dg}, {"b", &s->b, &s->db}};
       g.out_size = n;
-      g.forward = [=](Vec& out) { cpu::residual_forward(out.data(), s->x.data(), s->y.data(), (size_t)n); };
-      g.backward = [=](const Vec& d) { cpu::residual_backward(s->dx.data(), s->dy.data(), d.data(), (size_t)n); };
+      g.forward = [=](Vec& out) {
+        cpu::residual_dropout_layernorm_forward(out.data(), s->sum.data(), s->mean.data(), s->rstd.data(), s->x.data(), s->y.data(),
+                                                drop, s->g.data(), s->b.data(), M, D, 1e-6);
+      };
+      g.backward = [=](const Vec& d) {
+        cpu::residual_dropout_layernorm_backward(s->dx.data(), s->dy.data(), s->dg.data(), s->db.data(), s->dsum.data(), d.data(),
+                                                 s->sum.data(), s->g.data(), s->mean.data(), s->rstd.data(), drop, M, D);
+      };
       return g;
     });
   }
@@ -621,7 +643,9 @@ inline const std::vector<Task>& tasks() {
     grad("sublayer_connection_backward",
          {"embedding_backward", "linear_backward", "attention_backward", "multihead_attention_backward", "ffn_backward",
           "layernorm_backward", "output_projection_backward", "label_smoothed_xent_backward", "positional_encoding"},
-         {"part=residual n=33 seed=1", "part=model-postln seed=1", "part=model-preln seed=2"}, sublayer_checks);
+         {"part=residual M=3 D=11 p=0.4 seed=1", "part=residual layernorm=1 M=3 D=11 p=0.4 seed=3", "part=model-postln seed=1",
+          "part=model-preln seed=2"},
+         sublayer_checks);
     grad("output_projection_backward", {}, {"M=5 D=7 V=9 seed=1", "M=3 D=4 V=70 seed=2"}, output_projection_checks);
     grad("label_smoothed_xent_backward", {},
          {"M=7 V=9 eps=0.1 form=others pads=2 seed=1", "M=6 V=11 eps=0.2 form=uniform pads=1 seed=2", "M=3 V=5 eps=0 pads=0 seed=3"},

@@ -129,23 +129,27 @@ static void check_ops(Checker& ck, Rand& rng) {
                [&](Vec& out) { cpu::embedding_forward(out.data(), ids.data(), emb.data(), B, L, D); },
                [&](const Vec& d) { cpu::embedding_backward(demb.data(), d.data(), ids.data(), B, L, D); }, rng);
   }
-  // dropout and residual, and the two as one forward (residual_dropout_forward)
+  // dropout, and the residual connection with the sub-layer's dropout (post-LN: and LayerNorm) as one op
   {
-    const size_t n = 33;
-    Vec x = rng.vec(n), y = rng.vec(n), dx, dy;
+    const int M = 3, D = 11;
+    const size_t n = (size_t)M * D;
+    Vec x = rng.vec(n), y = rng.vec(n), g = rng.vec(D), b = rng.vec(D), sum(n), mean(M), rstd(M), dsum(n), dx, dy, dg, db;
     DropoutKey drop = dropout_key(3, 1, 4, 0.4);
     check_pair(ck, "dropout", {{"in", &x, &dx}}, n, [&](Vec& out) { cpu::dropout_forward(out.data(), x.data(), drop, n); },
                [&](const Vec& d) { cpu::dropout_backward(dx.data(), d.data(), drop, n); }, rng);
-    check_pair(ck, "residual", {{"x", &x, &dx}, {"y", &y, &dy}}, n,
-               [&](Vec& out) { cpu::residual_forward(out.data(), x.data(), y.data(), n); },
-               [&](const Vec& d) { cpu::residual_backward(dx.data(), dy.data(), d.data(), n); }, rng);
     check_pair(ck, "residual_dropout", {{"x", &x, &dx}, {"y", &y, &dy}}, n,
                [&](Vec& out) { cpu::residual_dropout_forward(out.data(), x.data(), y.data(), drop, n); },
-               [&](const Vec& d) {  // the backward the sub-layer connection runs: the residual's, then dropout's
-                 Vec dsum(n);
-                 cpu::residual_backward(dx.data(), dsum.data(), d.data(), n);
-                 cpu::dropout_backward(dy.data(), dsum.data(), drop, n);
-               }, rng);
+               [&](const Vec& d) { cpu::residual_dropout_backward(dx.data(), dy.data(), d.data(), drop, n); }, rng);
+    check_pair(ck, "residual_dropout_layernorm", {{"x", &x, &dx}, {"y", &y, &dy}, {"g", &g, &dg}, {"b", &b, &db}}, n,
+               [&](Vec& out) {
+                 cpu::residual_dropout_layernorm_forward(out.data(), sum.data(), mean.data(), rstd.data(), x.data(), y.data(), drop,
+                                                         g.data(), b.data(), M, D, 1e-6);
+               },
+               [&](const Vec& d) {
+                 cpu::residual_dropout_layernorm_backward(dx.data(), dy.data(), dg.data(), db.data(), dsum.data(), d.data(),
+                                                          sum.data(), g.data(), mean.data(), rstd.data(), drop, M, D);
+               },
+               rng);
   }
   // output projection through the shared embedding matrix
   {

@@ -327,6 +327,20 @@ int main() {
     rep.same(sum, "residual_dropout_layernorm_forward sum" + tag);
     rep.same(mean, "residual_dropout_layernorm_forward mean" + tag);
     rep.same(rstd, "residual_dropout_layernorm_forward rstd" + tag);
+    for (DropoutKey key : {none, drop}) {  // its backward adds into gradients that hold values already
+      const std::string with = tag + (key.p > 0 ? " (p = 0.1)" : " (no dropout)");
+      Buf dx(r.vec((size_t)rows * width)), dy(r.vec((size_t)rows * width)), dgs(r.vec(width)), dbs(r.vec(width));
+      Buf dsum(zeros((size_t)rows * width));  // the CPU's scratch
+      cpu::residual_dropout_layernorm_backward(dx.h.data(), dy.h.data(), dgs.h.data(), dbs.h.data(), dsum.h.data(),
+                                               dout.h.data(), sum.h.data(), g.h.data(), mean.h.data(), rstd.h.data(), key, rows,
+                                               width);
+      gpu::residual_dropout_layernorm_backward(dx.d, dy.d, dgs.d, dbs.d, dsum.d, dout.d, sum.d, g.d, mean.d, rstd.d, key, rows,
+                                               width);
+      rep.same(dx, "residual_dropout_layernorm_backward dx" + with);
+      rep.same(dy, "residual_dropout_layernorm_backward dy" + with);
+      rep.same(dgs, "residual_dropout_layernorm_backward dg" + with, sum_floor);
+      rep.same(dbs, "residual_dropout_layernorm_backward db" + with, sum_floor);
+    }
   }
   {
     const size_t n = (size_t)M * D;
@@ -339,10 +353,13 @@ int main() {
       rep.same(sum, "residual_dropout_forward" + tag);
       rep.same(y, "residual_dropout_forward leaves y" + tag);
     }
-    cpu::residual_backward(dx.h.data(), dy.h.data(), dout.h.data(), n);
-    gpu::residual_backward(dx.d, dy.d, dout.d, n);
-    rep.same(dx, "residual_backward dx");
-    rep.same(dy, "residual_backward dy");
+    for (DropoutKey key : {none, drop}) {
+      const std::string tag = key.p > 0 ? " (p = 0.1)" : " (no dropout)";
+      cpu::residual_dropout_backward(dx.h.data(), dy.h.data(), dout.h.data(), key, n);
+      gpu::residual_dropout_backward(dx.d, dy.d, dout.d, key, n);
+      rep.same(dx, "residual_dropout_backward dx" + tag);
+      rep.same(dy, "residual_dropout_backward dy" + tag);
+    }
   }
 
   // the output projection and the label-smoothed cross-entropy (both smoothing forms), padding ignored
