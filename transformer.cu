@@ -2180,10 +2180,12 @@ void gemm(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const 
 static void project(float* out, Operand in, const float* w, int M, int I, int O) {
   gemm_operands(false, false, M, O, I, in, I, operand(w, (size_t)I * O, kRight), O, out, O, false);
 }
-// Its backward: din += dout @ w^T, dw += in^T @ dout, dout rounded once for both (in must not be in kLeft).
-static void project_backward(float* din, float* dw, const float* dout, Operand in, const float* w, int M, int I, int O) {
+// Its backward: din (+)= dout @ w^T (added, or written when din holds nothing yet: no zeroing launch),
+// dw += in^T @ dout, dout rounded once for both (in must not be in kLeft).
+static void project_backward(float* din, bool add_din, float* dw, const float* dout, Operand in, const float* w, int M, int I,
+                             int O) {
   const Operand d = operand(dout, (size_t)M * O, kLeft);
-  if (din) gemm_operands(false, true, M, I, O, d, O, operand(w, (size_t)I * O, kRight), O, din, I, true);
+  if (din) gemm_operands(false, true, M, I, O, d, O, operand(w, (size_t)I * O, kRight), O, din, I, add_din);
   if (dw) gemm_operands(true, false, I, O, M, in, I, d, O, dw, O, true);
 }
 
@@ -2207,10 +2209,15 @@ void linear_forward(float* out, const float* in, const float* w, const float* b,
   if (b) LAUNCH(add_bias_kernel, blocks_for((size_t)M * O), 256, 0, out, b, M, O);
 }
 
-void linear_backward(float* din, float* dw, float* db, const float* dout, const float* in, const float* w, int M, int I, int O) {
-  // forward was: out = in @ w + b; so now: din += dout @ w^T, dw += in^T @ dout, db += sum_rows dout
-  project_backward(din, dw, dout, dw ? operand(in, (size_t)M * I, kShared) : Operand{in, nullptr}, w, M, I, O);
+// forward was: out = in @ w + b; so now: din (+)= dout @ w^T (add_din as project_backward's), dw += in^T @ dout,
+// db += sum_rows dout
+static void linear_backward(float* din, bool add_din, float* dw, float* db, const float* dout, const float* in, const float* w,
+                            int M, int I, int O) {
+  project_backward(din, add_din, dw, dout, dw ? operand(in, (size_t)M * I, kShared) : Operand{in, nullptr}, w, M, I, O);
   if (db && M > 0) gemm_operands(false, false, 1, O, M, {ones(M), nullptr}, M, {dout, nullptr}, O, db, O, true);  // ones^T @ dout, fp32
+}
+void linear_backward(float* din, float* dw, float* db, const float* dout, const float* in, const float* w, int M, int I, int O) {
+  linear_backward(din, true, dw, db, dout, in, w, M, I, O);
 }
 
 // ---- §5.4 dropout: the same hash as the CPU (dropout_keeps) -----------------------------------------
@@ -2376,17 +2383,16 @@ void multihead_attention_backward(float* dxq, float* dxkv, const AttentionWeight
                                   const AttentionActs<float>& a, const AttentionActs<float>& s, const float* xq,
                                   const float* xkv, const AttentionWeights<float>& w, DropoutKey drop, int B, int Lq, int Lk,
                                   int D, int H) {
-  // the forward call list, in reverse; s holds scratch for dq, dk, dv, dctx
-  fill(s.ctx, 0, (size_t)B * Lq * D);
+  // the forward call list, in reverse; s holds scratch for dq, dk, dv, dctx (dctx written, not added)
   fill(s.q, 0, (size_t)B * Lq * D);
   fill(s.k, 0, (size_t)B * Lk * D);
   fill(s.v, 0, (size_t)B * Lk * D);
-  linear_backward(s.ctx, dw.wo, nullptr, dout, a.ctx, w.wo, B * Lq, D, D);
+  linear_backward(s.ctx, false, dw.wo, nullptr, dout, a.ctx, w.wo, B * Lq, D, D);
   attention_backward(s.q, s.k, s.v, s.ctx, a.p, a.q, a.k, a.v, drop, B, Lq, Lk, D, H);
   const Operand kv_in = operand(xkv, (size_t)B * Lk * D, kShared);  // in bf16 rounded once for dWv and dWk
-  project_backward(dxkv, dw.wv, s.v, kv_in, w.wv, B * Lk, D, D);
-  project_backward(dxkv, dw.wk, s.k, kv_in, w.wk, B * Lk, D, D);
-  project_backward(dxq, dw.wq, s.q, xq == xkv ? kv_in : operand(xq, (size_t)B * Lq * D, kShared), w.wq, B * Lq, D, D);
+  project_backward(dxkv, true, dw.wv, s.v, kv_in, w.wv, B * Lk, D, D);
+  project_backward(dxkv, true, dw.wk, s.k, kv_in, w.wk, B * Lk, D, D);
+  project_backward(dxq, true, dw.wq, s.q, xq == xkv ? kv_in : operand(xq, (size_t)B * Lq * D, kShared), w.wq, B * Lq, D, D);
 }
 
 // ---- [Eq. 2, §3.3] the feed-forward network ----------------------------------------------------------
@@ -2417,8 +2423,7 @@ void ffn_forward(float* out, const FfnActs<float>& a, const float* in, const Ffn
 void ffn_backward(float* din, const FfnWeights<float>& dw, float* dh, const float* dout, const FfnActs<float>& a,
                   const float* in, const FfnWeights<float>& w, DropoutKey relu_drop, int M, int D, int F) {
   const size_t n = (size_t)M * F;
-  fill(dh, 0, n);
-  linear_backward(dh, dw.w2, dw.b2, dout, a.h, w.w2, M, F, D);
+  linear_backward(dh, false, dw.w2, dw.b2, dout, a.h, w.w2, M, F, D);  // dh written, not added
   LAUNCH(relu_backward_kernel, blocks_for(n), 256, 0, dh, a.hpre, relu_drop, n, (float)dropout_scale(relu_drop));
   linear_backward(din, dw.w1, dw.b1, dh, in, w.w1, M, D, F);
 }
