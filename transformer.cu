@@ -2259,7 +2259,12 @@ void embedding_backward(float* demb, const float* dout, const int* ids, int B, i
   LAUNCH(embedding_backward_kernel, blocks_for(n), 256, 0, demb, dout, ids, D, n);
 }
 
-// ---- [Eq. 1, §3.2.1] attention: one block per (batch, head, query) row ------------------------------
+// The longest sentence the attention backward takes: its block keeps 3 x max(Lq, Lk) floats in the
+// dynamic shared memory a launch gets without raising the kernel's limit (48 KiB): 4096.
+constexpr size_t kDefaultSharedBytes = 48 * 1024;
+constexpr int kMaxLenBackward = kDefaultSharedBytes / (3 * sizeof(float));
+
+// ---- [Eq. 1, §3.2.1] attention: forward one block per (batch, head, query) row ----------------------
 // The row's scores live in p (global memory) while the softmax is formed, so any key length works.
 __global__ void attention_forward_kernel(float* ctx, float* p, const float* q, const float* k, const float* v,
                                          const uint8_t* key_valid, bool causal, DropoutKey drop, int H, int Lq, int Lk,
@@ -2304,51 +2309,72 @@ __global__ void attention_forward_kernel(float* ctx, float* p, const float* q, c
   // END SOLUTION
 }
 
-constexpr int kMaxKeysBackward = 8192;  // the longest key row whose dL/dp fits in shared memory (32 KB)
-// Backward of one row; dk and dv gather from every query row, so they are added atomically. dsh holds
-// the row's dL/dp (Lk floats of dynamic shared memory).
+// Backward: one block per (batch, head), which owns the head's slices of dq, dk and dv, so nothing is
+// added atomically and a scratch that holds nothing yet is written, not zeroed first and added to (add:
+// false). It goes through the queries a row at a time, then the keys a column at a time; ds_ij is
+// formed twice (once for dq, once for dk) rather than kept for the whole (Lq, Lk) block. Dynamic shared
+// memory: rowdot (Lq), the column's p'_ij (Lq), and the row or column of ds (max(Lq, Lk)).
 __global__ void attention_backward_kernel(float* dq, float* dk, float* dv, const float* dctx, const float* p, const float* q,
-                                          const float* k, const float* v, DropoutKey drop, int H, int Lq, int Lk, int D) {
-  float* dsh = dynamic_shared<float>();
-  __shared__ float red[kRowThreads];
-  const int i = blockIdx.x % Lq, h = (blockIdx.x / Lq) % H, b = blockIdx.x / (Lq * H), Dk = D / H;
+                                          const float* k, const float* v, DropoutKey drop, bool add, int H, int Lq, int Lk,
+                                          int D) {
+  float* rowdot = dynamic_shared<float>();
+  float* pk = rowdot + Lq;
+  float* ds = pk + Lq;
+  __shared__ float red[kAttentionThreads];
+  const int h = blockIdx.x % H, b = blockIdx.x / H, Dk = D / H;
   const float scale = rsqrtf((float)Dk), keep_scale = (float)dropout_scale(drop);
-  const size_t row = (size_t)blockIdx.x * Lk;
-  const float* pr = p + row;
-  const float* dci = dctx + ((size_t)b * Lq + i) * D + h * Dk;
-  auto keep = [&](int j) { return drop.p > 0 ? (dropout_keeps(drop, row + j) ? keep_scale : 0.f) : 1.f; };
-  // forward was: ctx_i = sum_j p'_ij v_j with p'_ij = p_ij keep_ij
-  // so now: dv_j += p'_ij dctx_i and dp_ij = keep_ij (dctx_i . v_j)
-  float rowdot = 0;
-  for (int j = threadIdx.x; j < Lk; j += blockDim.x) {
-    dsh[j] = 0;
-    if (pr[j] == 0) continue;
-    const float* vj = v + ((size_t)b * Lk + j) * D + h * Dk;
+  const size_t first = (size_t)blockIdx.x * Lq * Lk;  // p (B, H, Lq, Lk): this head's (Lq, Lk) block
+  const float* P = p + first;
+  auto head = [&](auto* x, int L, int r) { return x + ((size_t)b * L + r) * D + h * Dk; };  // row r's columns of head h
+  auto keep = [&](int i, int j) {
+    return drop.p > 0 ? (dropout_keeps(drop, first + (size_t)i * Lk + j) ? keep_scale : 0.f) : 1.f;
+  };
+  auto dp = [&](int i, int j) {  // dL/dp_ij = keep_ij (dctx_i . v_j)
+    const float *c = head(dctx, Lq, i), *vj = head(v, Lk, j);
     float s = 0;
-    for (int d = 0; d < Dk; ++d) s += dci[d] * vj[d];
-    dsh[j] = s * keep(j);
-    rowdot += dsh[j] * pr[j];
+    for (int d = 0; d < Dk; ++d) s += c[d] * vj[d];
+    return s * keep(i, j);
+  };
+  auto put = [&](float* x, float value) { *x = add ? *x + value : value; };
+  // forward was: ctx_i = sum_j p'_ij v_j (p'_ij = p_ij keep_ij), p_i = softmax(s_i), s_ij = scale q_i . k_j
+  // so now: ds_ij = p_ij (dp_ij - rowdot_i) with rowdot_i = sum_l p_il dp_il; dq_i = scale sum_j ds_ij k_j
+  for (int i = 0; i < Lq; ++i) {
+    const float* pr = P + (size_t)i * Lk;
+    float part = 0;
+    for (int j = threadIdx.x; j < Lk; j += blockDim.x) {
+      ds[j] = pr[j] == 0 ? 0.f : dp(i, j);
+      part += ds[j] * pr[j];
+    }
+    const float r = block_sum(part, red);
+    for (int j = threadIdx.x; j < Lk; j += blockDim.x) ds[j] = pr[j] * (ds[j] - r);
+    if (threadIdx.x == 0) rowdot[i] = r;
+    __syncthreads();
+    for (int d = threadIdx.x; d < Dk; d += blockDim.x) {
+      float s = 0;
+      for (int j = 0; j < Lk; ++j)
+        if (ds[j] != 0) s += ds[j] * head(k, Lk, j)[d];
+      put(head(dq, Lq, i) + d, s * scale);
+    }
+    __syncthreads();  // the next row rewrites ds
   }
-  rowdot = block_sum(rowdot, red);
-  for (int e = threadIdx.x; e < Lk * Dk; e += blockDim.x) {
-    const int j = e / Dk, d = e % Dk;
-    if (pr[j] != 0) atomicAdd(&dv[((size_t)b * Lk + j) * D + h * Dk + d], pr[j] * keep(j) * dci[d]);
-  }
-  // forward was: p_i = softmax(s_i); so now: ds_ij = p_ij (dp_ij - sum_l p_il dp_il)
-  for (int j = threadIdx.x; j < Lk; j += blockDim.x) dsh[j] = pr[j] * (dsh[j] - rowdot) * scale;
-  __syncthreads();
-  // forward was: s_ij = scale q_i . k_j; so now: dq_i += scale ds_ij k_j, dk_j += scale ds_ij q_i
-  const float* qi = q + ((size_t)b * Lq + i) * D + h * Dk;
-  float* dqi = dq + ((size_t)b * Lq + i) * D + h * Dk;
-  for (int d = threadIdx.x; d < Dk; d += blockDim.x) {
-    float s = 0;
-    for (int j = 0; j < Lk; ++j)
-      if (dsh[j] != 0) s += dsh[j] * k[((size_t)b * Lk + j) * D + h * Dk + d];
-    dqi[d] += s;
-  }
-  for (int e = threadIdx.x; e < Lk * Dk; e += blockDim.x) {
-    const int j = e / Dk, d = e % Dk;
-    if (dsh[j] != 0) atomicAdd(&dk[((size_t)b * Lk + j) * D + h * Dk + d], dsh[j] * qi[d]);
+  // and dk_j = scale sum_i ds_ij q_i, dv_j = sum_i p'_ij dctx_i
+  for (int j = 0; j < Lk; ++j) {
+    for (int i = threadIdx.x; i < Lq; i += blockDim.x) {
+      const float pij = P[(size_t)i * Lk + j];
+      pk[i] = pij == 0 ? 0.f : pij * keep(i, j);
+      ds[i] = pij == 0 ? 0.f : pij * (dp(i, j) - rowdot[i]);
+    }
+    __syncthreads();
+    for (int d = threadIdx.x; d < Dk; d += blockDim.x) {
+      float sk = 0, sv = 0;
+      for (int i = 0; i < Lq; ++i) {
+        if (ds[i] != 0) sk += ds[i] * head(q, Lq, i)[d];
+        if (pk[i] != 0) sv += pk[i] * head(dctx, Lq, i)[d];
+      }
+      put(head(dk, Lk, j) + d, sk * scale);
+      put(head(dv, Lk, j) + d, sv);
+    }
+    __syncthreads();  // the next column rewrites pk and ds
   }
 }
 
@@ -2358,12 +2384,19 @@ void attention_forward(float* ctx, float* p, const float* q, const float* k, con
   LAUNCH(attention_forward_kernel, B * H * Lq, kAttentionThreads, 0, ctx, p, q, k, v, key_valid, causal, drop, H, Lq, Lk, D);
 }
 
+// attention_backward with dq, dk and dv added to (add) or written
+static void attention_backward(float* dq, float* dk, float* dv, bool add, const float* dctx, const float* p, const float* q,
+                               const float* k, const float* v, DropoutKey drop, int B, int Lq, int Lk, int D, int H) {
+  if ((size_t)B * H * (Lq + Lk) == 0) return;
+  const size_t shared = (2 * (size_t)Lq + std::max(Lq, Lk)) * sizeof(float);
+  if (std::max(Lq, Lk) > kMaxLenBackward)
+    throw std::invalid_argument("gpu::attention_backward: " + std::to_string(Lq) + " queries and " + std::to_string(Lk) +
+                                " keys: more than " + std::to_string(kMaxLenBackward));
+  LAUNCH(attention_backward_kernel, B * H, kAttentionThreads, shared, dq, dk, dv, dctx, p, q, k, v, drop, add, H, Lq, Lk, D);
+}
 void attention_backward(float* dq, float* dk, float* dv, const float* dctx, const float* p, const float* q, const float* k,
                         const float* v, DropoutKey drop, int B, int Lq, int Lk, int D, int H) {
-  if ((size_t)B * H * Lq == 0) return;
-  if (Lk > kMaxKeysBackward)
-    throw std::invalid_argument("gpu::attention_backward: key length " + std::to_string(Lk) + " > " + std::to_string(kMaxKeysBackward));
-  LAUNCH(attention_backward_kernel, B * H * Lq, kAttentionThreads, Lk * sizeof(float), dq, dk, dv, dctx, p, q, k, v, drop, H, Lq, Lk, D);
+  attention_backward(dq, dk, dv, true, dctx, p, q, k, v, drop, B, Lq, Lk, D, H);
 }
 
 void multihead_attention_forward(float* out, const AttentionActs<float>& a, const float* xq, const float* xkv,
@@ -2383,12 +2416,9 @@ void multihead_attention_backward(float* dxq, float* dxkv, const AttentionWeight
                                   const AttentionActs<float>& a, const AttentionActs<float>& s, const float* xq,
                                   const float* xkv, const AttentionWeights<float>& w, DropoutKey drop, int B, int Lq, int Lk,
                                   int D, int H) {
-  // the forward call list, in reverse; s holds scratch for dq, dk, dv, dctx (dctx written, not added)
-  fill(s.q, 0, (size_t)B * Lq * D);
-  fill(s.k, 0, (size_t)B * Lk * D);
-  fill(s.v, 0, (size_t)B * Lk * D);
+  // the forward call list, in reverse; s holds scratch for dq, dk, dv, dctx, each written (not added)
   linear_backward(s.ctx, false, dw.wo, nullptr, dout, a.ctx, w.wo, B * Lq, D, D);
-  attention_backward(s.q, s.k, s.v, s.ctx, a.p, a.q, a.k, a.v, drop, B, Lq, Lk, D, H);
+  attention_backward(s.q, s.k, s.v, false, s.ctx, a.p, a.q, a.k, a.v, drop, B, Lq, Lk, D, H);
   const Operand kv_in = operand(xkv, (size_t)B * Lk * D, kShared);  // in bf16 rounded once for dWv and dWk
   project_backward(dxkv, true, dw.wv, s.v, kv_in, w.wv, B * Lk, D, D);
   project_backward(dxkv, true, dw.wk, s.k, kv_in, w.wk, B * Lk, D, D);
@@ -2861,9 +2891,9 @@ class GpuModel : public DeviceModel {
 
 static std::unique_ptr<DeviceModel> make_gpu_model(Transformer<float>& m) {
   if (!gpu_available()) throw std::runtime_error("--device cuda: no GPU is present (use --device cpu)");
-  if (m.cfg.max_len > gpu::kMaxKeysBackward)  // the attention backward keeps a row's dL/dp in shared memory
+  if (m.cfg.max_len > gpu::kMaxLenBackward)  // the attention backward keeps rows and columns in shared memory
     throw std::runtime_error("--device cuda: max_len " + std::to_string(m.cfg.max_len) + " is above the GPU's " +
-                             std::to_string(gpu::kMaxKeysBackward) + " (use a smaller --max-len or --device cpu)");
+                             std::to_string(gpu::kMaxLenBackward) + " (use a smaller --max-len or --device cpu)");
   return std::make_unique<GpuModel>(m);
 }
 static bool gpu_has_bf16() {  // the current device (a rank's, under mpirun): Ampere and later
