@@ -2181,10 +2181,8 @@ static void project(float* out, Operand in, const float* w, int M, int I, int O)
   gemm_operands(false, false, M, O, I, in, I, operand(w, (size_t)I * O, kRight), O, out, O, false);
 }
 // Its backward: din (+)= dout @ w^T (added, or written when din holds nothing yet: no zeroing launch),
-// dw += in^T @ dout, dout rounded once for both (in must not be in kLeft).
-static void project_backward(float* din, bool add_din, float* dw, const float* dout, Operand in, const float* w, int M, int I,
-                             int O) {
-  const Operand d = operand(dout, (size_t)M * O, kLeft);
+// dw += in^T @ dout, with dout as both products read it (in bf16 rounded once, into kLeft; in must not be there).
+static void project_backward(float* din, bool add_din, float* dw, Operand d, Operand in, const float* w, int M, int I, int O) {
   if (din) gemm_operands(false, true, M, I, O, d, O, operand(w, (size_t)I * O, kRight), O, din, I, add_din);
   if (dw) gemm_operands(true, false, I, O, M, in, I, d, O, dw, O, true);
 }
@@ -2204,20 +2202,24 @@ static const float* ones(size_t n) {
   return p;
 }
 
-void linear_forward(float* out, const float* in, const float* w, const float* b, int M, int I, int O) {
-  gemm(false, false, M, O, I, in, I, w, O, out, O, false);
+// out = in @ w + b (b may be null), the input as the product reads it
+static void linear_forward(float* out, Operand in, const float* w, const float* b, int M, int I, int O) {
+  project(out, in, w, M, I, O);
   if (b) LAUNCH(add_bias_kernel, blocks_for((size_t)M * O), 256, 0, out, b, M, O);
+}
+void linear_forward(float* out, const float* in, const float* w, const float* b, int M, int I, int O) {
+  linear_forward(out, operand(in, (size_t)M * I, kLeft), w, b, M, I, O);
 }
 
 // forward was: out = in @ w + b; so now: din (+)= dout @ w^T (add_din as project_backward's), dw += in^T @ dout,
-// db += sum_rows dout
-static void linear_backward(float* din, bool add_din, float* dw, float* db, const float* dout, const float* in, const float* w,
-                            int M, int I, int O) {
+// db += sum_rows dout (dout as project_backward takes it)
+static void linear_backward(float* din, bool add_din, float* dw, float* db, Operand dout, const float* in, const float* w, int M,
+                            int I, int O) {
   project_backward(din, add_din, dw, dout, dw ? operand(in, (size_t)M * I, kShared) : Operand{in, nullptr}, w, M, I, O);
-  if (db && M > 0) gemm_operands(false, false, 1, O, M, {ones(M), nullptr}, M, {dout, nullptr}, O, db, O, true);  // ones^T @ dout, fp32
+  if (db && M > 0) gemm_operands(false, false, 1, O, M, {ones(M), nullptr}, M, {dout.f, nullptr}, O, db, O, true);  // ones^T @ dout, fp32
 }
 void linear_backward(float* din, float* dw, float* db, const float* dout, const float* in, const float* w, int M, int I, int O) {
-  linear_backward(din, true, dw, db, dout, in, w, M, I, O);
+  linear_backward(din, true, dw, db, operand(dout, (size_t)M * O, kLeft), in, w, M, I, O);
 }
 
 // ---- §5.4 dropout: the same hash as the CPU (dropout_keeps) -----------------------------------------
@@ -2417,45 +2419,54 @@ void multihead_attention_backward(float* dxq, float* dxkv, const AttentionWeight
                                   const float* xkv, const AttentionWeights<float>& w, DropoutKey drop, int B, int Lq, int Lk,
                                   int D, int H) {
   // the forward call list, in reverse; s holds scratch for dq, dk, dv, dctx, each written (not added)
-  linear_backward(s.ctx, false, dw.wo, nullptr, dout, a.ctx, w.wo, B * Lq, D, D);
+  linear_backward(s.ctx, false, dw.wo, nullptr, operand(dout, (size_t)B * Lq * D, kLeft), a.ctx, w.wo, B * Lq, D, D);
   attention_backward(s.q, s.k, s.v, false, s.ctx, a.p, a.q, a.k, a.v, drop, B, Lq, Lk, D, H);
   const Operand kv_in = operand(xkv, (size_t)B * Lk * D, kShared);  // in bf16 rounded once for dWv and dWk
-  project_backward(dxkv, true, dw.wv, s.v, kv_in, w.wv, B * Lk, D, D);
-  project_backward(dxkv, true, dw.wk, s.k, kv_in, w.wk, B * Lk, D, D);
-  project_backward(dxq, true, dw.wq, s.q, xq == xkv ? kv_in : operand(xq, (size_t)B * Lq * D, kShared), w.wq, B * Lq, D, D);
+  project_backward(dxkv, true, dw.wv, operand(s.v, (size_t)B * Lk * D, kLeft), kv_in, w.wv, B * Lk, D, D);
+  project_backward(dxkv, true, dw.wk, operand(s.k, (size_t)B * Lk * D, kLeft), kv_in, w.wk, B * Lk, D, D);
+  const Operand q_in = xq == xkv ? kv_in : operand(xq, (size_t)B * Lq * D, kShared);
+  project_backward(dxq, true, dw.wq, operand(s.q, (size_t)B * Lq * D, kLeft), q_in, w.wq, B * Lq, D, D);
 }
 
 // ---- [Eq. 2, §3.3] the feed-forward network ----------------------------------------------------------
-// After the first product (hpre = in W1): the bias, the ReLU and the dropout in one pass, not three.
-__global__ void bias_relu_dropout_kernel(float* hpre, float* h, const float* b, DropoutKey drop, size_t M, int F, float scale) {
+// After the first product (hpre = in W1): the bias, the ReLU and the dropout in one pass, not three. In
+// bf16 the pass also rounds h for the second product (h16), and the backward's pass likewise dh.
+__global__ void bias_relu_dropout_kernel(float* hpre, float* h, bf16* h16, const float* b, DropoutKey drop, size_t M, int F,
+                                         float scale) {
   GRID_STRIDE(i, M * F) {
     const float x = hpre[i] + b[i % F];
     hpre[i] = x;
     h[i] = x > 0 && (drop.p == 0 || dropout_keeps(drop, i)) ? x * scale : 0.f;
+    if (h16) h16[i] = __float2bfloat16(h[i]);
   }
 }
-__global__ void relu_backward_kernel(float* dh, const float* hpre, DropoutKey drop, size_t n, float scale) {
+__global__ void relu_backward_kernel(float* dh, bf16* dh16, const float* hpre, DropoutKey drop, size_t n, float scale) {
   GRID_STRIDE(i, n) {
     const bool pass = hpre[i] > 0 && (drop.p == 0 || dropout_keeps(drop, i));
     dh[i] = pass ? dh[i] * scale : 0.f;
+    if (dh16) dh16[i] = __float2bfloat16(dh[i]);
   }
 }
+// Where a pass of ours rounds a product's left operand of n elements on its way: kLeft's scratch in bf16, else null.
+static bf16* rounded_in_pass(size_t n) { return products() == Precision::bf16 && n ? bf16_scratch(kLeft, n) : nullptr; }
 
 void ffn_forward(float* out, const FfnActs<float>& a, const float* in, const FfnWeights<float>& w, DropoutKey relu_drop,
                  int M, int D, int F) {
   const size_t n = (size_t)M * F;
   gemm(false, false, M, F, D, in, D, w.w1, F, a.hpre, F, false);  // hpre = in W1, then + b1, ReLU, dropout
-  LAUNCH(bias_relu_dropout_kernel, blocks_for(n), 256, 0, a.hpre, a.h, w.b1, relu_drop, (size_t)M, F,
+  bf16* h16 = rounded_in_pass(n);
+  LAUNCH(bias_relu_dropout_kernel, blocks_for(n), 256, 0, a.hpre, a.h, h16, w.b1, relu_drop, (size_t)M, F,
          (float)dropout_scale(relu_drop));
-  linear_forward(out, a.h, w.w2, w.b2, M, F, D);
+  linear_forward(out, Operand{a.h, h16}, w.w2, w.b2, M, F, D);
 }
 
 void ffn_backward(float* din, const FfnWeights<float>& dw, float* dh, const float* dout, const FfnActs<float>& a,
                   const float* in, const FfnWeights<float>& w, DropoutKey relu_drop, int M, int D, int F) {
   const size_t n = (size_t)M * F;
-  linear_backward(dh, false, dw.w2, dw.b2, dout, a.h, w.w2, M, F, D);  // dh written, not added
-  LAUNCH(relu_backward_kernel, blocks_for(n), 256, 0, dh, a.hpre, relu_drop, n, (float)dropout_scale(relu_drop));
-  linear_backward(din, dw.w1, dw.b1, dh, in, w.w1, M, D, F);
+  linear_backward(dh, false, dw.w2, dw.b2, operand(dout, (size_t)M * D, kLeft), a.h, w.w2, M, F, D);  // dh written, not added
+  bf16* dh16 = rounded_in_pass(n);
+  LAUNCH(relu_backward_kernel, blocks_for(n), 256, 0, dh, dh16, a.hpre, relu_drop, n, (float)dropout_scale(relu_drop));
+  linear_backward(din, true, dw.w1, dw.b1, Operand{dh, dh16}, in, w.w1, M, D, F);
 }
 
 // ---- §3.1 LayerNorm and the residual connection: one block per row ---------------------------------
