@@ -2331,11 +2331,11 @@ __global__ void attention_backward_kernel(float* dq, float* dk, float* dv, const
   auto keep = [&](int i, int j) {
     return drop.p > 0 ? (dropout_keeps(drop, first + (size_t)i * Lk + j) ? keep_scale : 0.f) : 1.f;
   };
-  auto dp = [&](int i, int j) {  // dL/dp_ij = keep_ij (dctx_i . v_j)
+  auto dctx_v = [&](int i, int j) {  // dctx_i . v_j: dL/dp_ij = keep_ij (dctx_i . v_j)
     const float *c = head(dctx, Lq, i), *vj = head(v, Lk, j);
     float s = 0;
     for (int d = 0; d < Dk; ++d) s += c[d] * vj[d];
-    return s * keep(i, j);
+    return s;
   };
   auto put = [&](float* x, float value) { *x = add ? *x + value : value; };
   // forward was: ctx_i = sum_j p'_ij v_j (p'_ij = p_ij keep_ij), p_i = softmax(s_i), s_ij = scale q_i . k_j
@@ -2344,7 +2344,7 @@ __global__ void attention_backward_kernel(float* dq, float* dk, float* dv, const
     const float* pr = P + (size_t)i * Lk;
     float part = 0;
     for (int j = threadIdx.x; j < Lk; j += blockDim.x) {
-      ds[j] = pr[j] == 0 ? 0.f : dp(i, j);
+      ds[j] = pr[j] == 0 ? 0.f : dctx_v(i, j) * keep(i, j);
       part += ds[j] * pr[j];
     }
     const float r = block_sum(part, red);
@@ -2362,9 +2362,9 @@ __global__ void attention_backward_kernel(float* dq, float* dk, float* dv, const
   // and dk_j = scale sum_i ds_ij q_i, dv_j = sum_i p'_ij dctx_i
   for (int j = 0; j < Lk; ++j) {
     for (int i = threadIdx.x; i < Lq; i += blockDim.x) {
-      const float pij = P[(size_t)i * Lk + j];
-      pk[i] = pij == 0 ? 0.f : pij * keep(i, j);
-      ds[i] = pij == 0 ? 0.f : pij * (dp(i, j) - rowdot[i]);
+      const float pij = P[(size_t)i * Lk + j], kij = pij == 0 ? 0.f : keep(i, j);
+      pk[i] = pij * kij;
+      ds[i] = pij == 0 ? 0.f : pij * (dctx_v(i, j) * kij - rowdot[i]);
     }
     __syncthreads();
     for (int d = threadIdx.x; d < Dk; d += blockDim.x) {
