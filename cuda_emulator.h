@@ -44,6 +44,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <random>
 #include <string>
@@ -111,6 +112,9 @@ enum cudaError_t {
   cudaErrorInvalidDevicePointer = 17,
   cudaErrorInvalidMemcpyDirection = 21,
   cudaErrorLaunchFailure = 719,
+  cudaErrorStreamCaptureUnsupported = 900,
+  cudaErrorStreamCaptureInvalidated = 901,
+  cudaErrorStreamCaptureImplicit = 906,
 };
 enum cudaMemcpyKind {
   cudaMemcpyHostToHost = 0,
@@ -125,6 +129,18 @@ struct CUevent_st {};
 using cudaStream_t = CUstream_st*;
 using cudaEvent_t = CUevent_st*;
 constexpr unsigned cudaEventDefault = 0, cudaEventDisableTiming = 2;
+enum cudaStreamCaptureMode { cudaStreamCaptureModeGlobal = 0, cudaStreamCaptureModeThreadLocal = 1, cudaStreamCaptureModeRelaxed = 2 };
+enum cudaStreamCaptureStatus { cudaStreamCaptureStatusNone = 0, cudaStreamCaptureStatusActive = 1, cudaStreamCaptureStatusInvalidated = 2 };
+// A graph is the work a capture recorded, in order (a capture on one stream is a chain of nodes); its
+// executable form is a copy of it.
+struct CUgraph_st {
+  std::vector<std::function<void()>> nodes;
+};
+struct CUgraphExec_st {
+  std::vector<std::function<void()>> nodes;
+};
+using cudaGraph_t = CUgraph_st*;
+using cudaGraphExec_t = CUgraphExec_st*;
 struct cudaDeviceProp {
   char name[256];
   size_t totalGlobalMem, sharedMemPerBlock, sharedMemPerBlockOptin;
@@ -228,10 +244,13 @@ struct Thread {
 
 // What the host asked of the device since the last reset_counts(): `bench --count` prints it per training
 // step. Device bytes are those allocated now, and the most allocated at once since the reset.
+// Work a graph replays counts as if the host had asked for it, and graph_nodes counts it again: the host's
+// own calls are the total less graph_nodes, plus graph_launches.
 struct Counts {
   std::map<std::string, size_t> launches, blas_calls;  // per kernel, per cuBLAS function
   size_t to_device = 0, to_host = 0, on_device = 0, memsets = 0;  // cudaMemcpy(Async) by direction, cudaMemset(Async)
   size_t device_bytes = 0, peak_device_bytes = 0;
+  size_t graph_launches = 0, graph_nodes = 0;  // cudaGraphLaunch calls, and the nodes they ran
 };
 
 struct State {
@@ -265,6 +284,11 @@ struct State {
   std::mt19937_64 rng;
   unsigned timeout = 300;
   bool dry_run = false;
+  // stream capture (cudaStreamBeginCapture): the stream whose work is recorded, not run; the nodes so far;
+  // and why the capture is invalidated (empty while it is valid)
+  cudaStream_t capturing = nullptr;
+  std::vector<std::function<void()>> captured;
+  std::string capture_broken;
 
   State() {
     const char* o = std::getenv("CUDA_EMULATOR_ORDER");
@@ -289,7 +313,7 @@ inline State& state() {
 inline Counts& counts() { return state().counts; }
 inline void reset_counts() {
   Counts& c = counts();
-  c = Counts{{}, {}, 0, 0, 0, 0, c.device_bytes, c.device_bytes};
+  c = Counts{{}, {}, 0, 0, 0, 0, c.device_bytes, c.device_bytes, 0, 0};
 }
 inline const char* order_name() {
   static const char* names[] = {"inorder", "reverse", "shuffle"};
@@ -595,6 +619,31 @@ inline void on_timeout(int) {
   _exit(124);
 }
 
+// ---- streams and their capture ---------------------------------------------------------------------------
+// A stream's work is done when its call returns, unless the stream is being captured: then it is recorded
+// as the next node of the graph. As under CUDA's global capture mode, a call that synchronises, allocates
+// or frees, or work on the legacy default stream, while a capture is on fails and invalidates the capture
+// (cudaStreamEndCapture then fails too): such a call in a captured step is a bug on a GPU too.
+inline cudaError_t refuse_in_capture(const char* call, cudaError_t e = cudaErrorStreamCaptureUnsupported) {
+  State& s = state();
+  const std::string why = std::string(call) + " while a stream is being captured";
+  if (s.capture_broken.empty()) s.capture_broken = why;
+  return fail(e, why);
+}
+// Whether work for `stream` may be queued now (false: refused, the error set).
+inline bool may_queue(const char* call, cudaStream_t stream) {
+  const State& s = state();
+  if (!s.capturing || stream == s.capturing || stream) return true;
+  refuse_in_capture((std::string(call) + " on the legacy default stream").c_str(), cudaErrorStreamCaptureImplicit);
+  return false;
+}
+inline bool recording(cudaStream_t stream) { return stream && stream == state().capturing; }
+// Runs the work now, or records it when its stream is being captured.
+inline void queue(cudaStream_t stream, std::function<void()> work) {
+  if (recording(stream)) state().captured.push_back(std::move(work));
+  else work();
+}
+
 template <typename Kernel, typename Args> struct Launch {
   Kernel kernel;
   Args args;
@@ -604,27 +653,13 @@ template <typename Kernel, typename Args> struct Launch {
   }
 };
 
-// kernel<<<grid, block, shared>>>(args...): every block of the grid, one after another.
-template <typename... P, typename... A>
-void launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_t shared, A&&... args) {
+// Runs a launch's grid: every block, one after another.
+template <typename L> void run_grid(L call, const char* name, dim3 grid, dim3 block, size_t shared, const std::string& config) {
   State& s = state();
-  if (s.sticky_error != cudaSuccess) return (void)fail(s.sticky_error, s.sticky_detail);
-  const size_t threads = (size_t)block.x * block.y * block.z;
-  const std::string config = format("kernel %s<<<(%u,%u,%u), (%u,%u,%u), %zu>>>", name, grid.x, grid.y, grid.z, block.x, block.y,
-                                    block.z, shared);
-  if (threads == 0 || threads > kMaxThreads || block.x > 1024 || block.y > 1024 || block.z > 64)
-    return (void)fail(cudaErrorInvalidConfiguration, config + ": a block has 1 to 1024 threads");
-  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535)
-    return (void)fail(cudaErrorInvalidConfiguration, config + ": a grid has 1 to 2^31-1 x 65535 x 65535 blocks");
-  auto raised = s.shared_limit.find((const void*)kernel);
-  const size_t limit = raised == s.shared_limit.end() ? kSharedDefault : raised->second;
-  if (shared > limit)
-    return (void)fail(cudaErrorInvalidValue, config + format(": %zu bytes of dynamic shared memory, over the %zu allowed", shared, limit));
+  if (s.sticky_error != cudaSuccess) return;
   ++s.counts.launches[name];
   if (s.dry_run) return;
-  using Args = std::tuple<std::decay_t<P>...>;
-  Launch<void (*)(P...), Args> call{kernel, Args(std::forward<A>(args)...)};  // converted as a launch converts them
-  s.body = &Launch<void (*)(P...), Args>::run, s.body_arg = &call;
+  s.body = &L::run, s.body_arg = &call;
   s.kernel = name, s.grid_dim = grid, s.block_dim = block;
   std::vector<unsigned char> dynamic(std::max<size_t>(shared, 1));  // its own allocation: AddressSanitizer guards its end
   s.dynamic_shared = dynamic.data();
@@ -645,6 +680,29 @@ void launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_
   alarm(0);
   s.threads.clear();
   s.dynamic_shared = nullptr;
+}
+
+// kernel<<<grid, block, shared, stream>>>(args...): every block of the grid, one after another; under a
+// capture, the arguments as converted now, as a graph's kernel node keeps them.
+template <typename... P, typename... A>
+void launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_t shared, cudaStream_t stream, A&&... args) {
+  State& s = state();
+  if (s.sticky_error != cudaSuccess) return (void)fail(s.sticky_error, s.sticky_detail);
+  const size_t threads = (size_t)block.x * block.y * block.z;
+  const std::string config = format("kernel %s<<<(%u,%u,%u), (%u,%u,%u), %zu>>>", name, grid.x, grid.y, grid.z, block.x, block.y,
+                                    block.z, shared);
+  if (threads == 0 || threads > kMaxThreads || block.x > 1024 || block.y > 1024 || block.z > 64)
+    return (void)fail(cudaErrorInvalidConfiguration, config + ": a block has 1 to 1024 threads");
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535)
+    return (void)fail(cudaErrorInvalidConfiguration, config + ": a grid has 1 to 2^31-1 x 65535 x 65535 blocks");
+  auto raised = s.shared_limit.find((const void*)kernel);
+  const size_t limit = raised == s.shared_limit.end() ? kSharedDefault : raised->second;
+  if (shared > limit)
+    return (void)fail(cudaErrorInvalidValue, config + format(": %zu bytes of dynamic shared memory, over the %zu allowed", shared, limit));
+  if (!may_queue(config.c_str(), stream)) return;
+  using Args = std::tuple<std::decay_t<P>...>;
+  Launch<void (*)(P...), Args> call{kernel, Args(std::forward<A>(args)...)};  // converted as a launch converts them
+  queue(stream, [call, name, grid, block, shared, config] { run_grid(call, name, grid, block, shared, config); });
 }
 
 }  // namespace emu
@@ -691,6 +749,9 @@ inline const char* cudaGetErrorName(cudaError_t e) {
     case cudaErrorInvalidDevicePointer: return "cudaErrorInvalidDevicePointer";
     case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
     case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
   }
   return "cudaErrorUnknown";
 }
@@ -704,6 +765,9 @@ inline const char* cudaGetErrorString(cudaError_t e) {
       {cudaErrorInvalidDevicePointer, "invalid device pointer"},
       {cudaErrorInvalidMemcpyDirection, "invalid copy direction for memcpy"},
       {cudaErrorLaunchFailure, "unspecified launch failure"},
+      {cudaErrorStreamCaptureUnsupported, "operation not permitted when stream is capturing"},
+      {cudaErrorStreamCaptureInvalidated, "operation failed due to a previous error during capture"},
+      {cudaErrorStreamCaptureImplicit, "operation would make the legacy stream depend on a capturing blocking stream"},
   };
   thread_local std::string message;
   const emu::State& s = emu::state();
@@ -753,6 +817,7 @@ template <typename... P> cudaError_t cudaFuncSetAttribute(void (*kernel)(P...), 
 inline cudaError_t cudaMalloc(void** p, size_t bytes) {
   emu::State& s = emu::state();
   if (s.sticky_error != cudaSuccess) return s.sticky_error;
+  if (s.capturing) return emu::refuse_in_capture("cudaMalloc");
   void* m = std::malloc(std::max<size_t>(bytes, 1));
   if (!m) return emu::fail(cudaErrorMemoryAllocation, emu::format("cudaMalloc of %zu bytes", bytes));
   std::memset(m, 0xFF, bytes);  // NaN in every float until written
@@ -764,6 +829,7 @@ inline cudaError_t cudaMalloc(void** p, size_t bytes) {
 template <typename T> cudaError_t cudaMalloc(T** p, size_t bytes) { return cudaMalloc((void**)p, bytes); }
 inline cudaError_t cudaFree(void* p) {
   emu::State& s = emu::state();
+  if (s.capturing) return emu::refuse_in_capture("cudaFree");
   if (!p) return emu_status();
   auto it = s.device_allocations.find((uintptr_t)p);
   if (it == s.device_allocations.end()) return emu::fail(cudaErrorInvalidValue, emu::format("cudaFree(%p): not a pointer cudaMalloc returned", p));
@@ -774,6 +840,7 @@ inline cudaError_t cudaFree(void* p) {
 }
 inline cudaError_t cudaMallocHost(void** p, size_t bytes) {
   emu::State& s = emu::state();
+  if (s.capturing) return emu::refuse_in_capture("cudaMallocHost");
   void* m = std::malloc(std::max<size_t>(bytes, 1));
   if (!m) return emu::fail(cudaErrorMemoryAllocation, emu::format("cudaMallocHost of %zu bytes", bytes));
   s.pinned_allocations[(uintptr_t)m] = bytes;
@@ -783,6 +850,7 @@ inline cudaError_t cudaMallocHost(void** p, size_t bytes) {
 template <typename T> cudaError_t cudaMallocHost(T** p, size_t bytes) { return cudaMallocHost((void**)p, bytes); }
 inline cudaError_t cudaFreeHost(void* p) {
   emu::State& s = emu::state();
+  if (s.capturing) return emu::refuse_in_capture("cudaFreeHost");
   if (!p) return emu_status();
   auto it = s.pinned_allocations.find((uintptr_t)p);
   if (it == s.pinned_allocations.end()) return emu::fail(cudaErrorInvalidValue, emu::format("cudaFreeHost(%p): not a pointer cudaMallocHost returned", p));
@@ -791,41 +859,81 @@ inline cudaError_t cudaFreeHost(void* p) {
   return emu_status();
 }
 
-inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
-  emu::State& s = emu::state();
-  if (s.sticky_error != cudaSuccess) return s.sticky_error;
-  if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) return emu::fail(cudaErrorInvalidMemcpyDirection, "cudaMemcpy: kind " + std::to_string((int)kind));
-  if (bytes == 0) return cudaSuccess;
+namespace emu {
+// A copy's checks (its direction, and that its device side lies inside one allocation) and the copy, run
+// when its stream gets to it; a check failing then, after the call was accepted, is a device error.
+inline cudaError_t check_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, const char* call) {
+  State& s = state();
+  if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) return fail(cudaErrorInvalidMemcpyDirection, format("%s: kind %d", call, (int)kind));
   std::string why;
   const bool to_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
   const bool from_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
-  if (to_device && !emu::inside(s.device_allocations, dst, bytes, &why)) return emu::fail(cudaErrorInvalidValue, "cudaMemcpy destination: " + why);
-  if (from_device && !emu::inside(s.device_allocations, src, bytes, &why)) return emu::fail(cudaErrorInvalidValue, "cudaMemcpy source: " + why);
-  if (to_device || from_device) ++(!from_device ? s.counts.to_device : !to_device ? s.counts.to_host : s.counts.on_device);
-  std::memcpy(dst, src, bytes);
+  if (bytes && to_device && !inside(s.device_allocations, dst, bytes, &why)) return fail(cudaErrorInvalidValue, std::string(call) + " destination: " + why);
+  if (bytes && from_device && !inside(s.device_allocations, src, bytes, &why)) return fail(cudaErrorInvalidValue, std::string(call) + " source: " + why);
   return cudaSuccess;
 }
-// Streams are synchronous: an asynchronous call has finished when it returns.
-inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t = nullptr) {
-  return cudaMemcpy(dst, src, bytes, kind);
+inline void copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, const char* call) {
+  State& s = state();
+  if (s.sticky_error != cudaSuccess || bytes == 0) return;
+  if (check_copy(dst, src, bytes, kind, call) != cudaSuccess) return (void)fail_sticky(s.detail_of[s.last_error]);
+  const bool to_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+  const bool from_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+  if (to_device || from_device) ++(!from_device ? s.counts.to_device : !to_device ? s.counts.to_host : s.counts.on_device);
+  std::memcpy(dst, src, bytes);
+}
+inline void set(void* p, int value, size_t bytes) {
+  State& s = state();
+  if (s.sticky_error != cudaSuccess) return;
+  std::string why;
+  if (bytes && !inside(s.device_allocations, p, bytes, &why)) return (void)fail_sticky("cudaMemsetAsync: " + why);
+  ++s.counts.memsets;
+  std::memset(p, value, bytes);
+}
+}  // namespace emu
+
+// Copies and memsets on the legacy default stream synchronise with the device: refused under a capture.
+inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  emu::State& s = emu::state();
+  if (s.sticky_error != cudaSuccess) return s.sticky_error;
+  if (s.capturing) return emu::refuse_in_capture("cudaMemcpy");
+  if (const cudaError_t e = emu::check_copy(dst, src, bytes, kind, "cudaMemcpy")) return e;
+  emu::copy(dst, src, bytes, kind, "cudaMemcpy");
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream = nullptr) {
+  emu::State& s = emu::state();
+  if (s.sticky_error != cudaSuccess) return s.sticky_error;
+  if (const cudaError_t e = emu::check_copy(dst, src, bytes, kind, "cudaMemcpyAsync")) return e;
+  if (!emu::may_queue("cudaMemcpyAsync", stream)) return s.last_error;
+  emu::queue(stream, [=] { emu::copy(dst, src, bytes, kind, "cudaMemcpyAsync"); });
+  return cudaSuccess;
 }
 inline cudaError_t cudaMemset(void* p, int value, size_t bytes) {
   emu::State& s = emu::state();
   if (s.sticky_error != cudaSuccess) return s.sticky_error;
+  if (s.capturing) return emu::refuse_in_capture("cudaMemset");
   std::string why;
   if (bytes && !emu::inside(s.device_allocations, p, bytes, &why)) return emu::fail(cudaErrorInvalidValue, "cudaMemset: " + why);
-  ++s.counts.memsets;
-  std::memset(p, value, bytes);
+  emu::set(p, value, bytes);
   return cudaSuccess;
 }
-inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t = nullptr) { return cudaMemset(p, value, bytes); }
-inline cudaError_t cudaDeviceSynchronize() { return emu_status(); }
+inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream = nullptr) {
+  emu::State& s = emu::state();
+  if (s.sticky_error != cudaSuccess) return s.sticky_error;
+  std::string why;
+  if (bytes && !emu::inside(s.device_allocations, p, bytes, &why)) return emu::fail(cudaErrorInvalidValue, "cudaMemsetAsync: " + why);
+  if (!emu::may_queue("cudaMemsetAsync", stream)) return s.last_error;
+  emu::queue(stream, [=] { emu::set(p, value, bytes); });
+  return cudaSuccess;
+}
+inline cudaError_t cudaDeviceSynchronize() { return emu::state().capturing ? emu::refuse_in_capture("cudaDeviceSynchronize") : emu_status(); }
 // As on a GPU: every allocation is released and every error, sticky ones too, is cleared.
 inline cudaError_t cudaDeviceReset() {
   emu::State& s = emu::state();
   for (auto& a : s.device_allocations) std::free((void*)a.first);
   for (auto& a : s.pinned_allocations) std::free((void*)a.first);
   s.device_allocations.clear(), s.pinned_allocations.clear(), s.shared_limit.clear(), s.counts = emu::Counts{};
+  s.capturing = nullptr, s.captured.clear(), s.capture_broken.clear();
   s.last_error = s.sticky_error = cudaSuccess, s.sticky_detail.clear(), s.detail_of.clear();
   return cudaSuccess;
 }
@@ -837,7 +945,7 @@ inline cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   delete stream;
   return emu_status();
 }
-inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return emu_status(); }
+inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return emu::state().capturing ? emu::refuse_in_capture("cudaStreamSynchronize") : emu_status(); }
 inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) {
   *event = new CUevent_st;
   return emu_status();
@@ -848,7 +956,63 @@ inline cudaError_t cudaEventDestroy(cudaEvent_t event) {
   return emu_status();
 }
 inline cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t = nullptr) { return emu_status(); }
-inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return emu_status(); }
+inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return emu::state().capturing ? emu::refuse_in_capture("cudaEventSynchronize") : emu_status(); }
+
+// ---- stream capture and graphs (CUDA's global capture mode; the other modes are not emulated) ------------
+inline cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
+  emu::State& s = emu::state();
+  if (s.sticky_error != cudaSuccess) return s.sticky_error;
+  if (!stream) return emu::fail(cudaErrorStreamCaptureUnsupported, "cudaStreamBeginCapture: the legacy default stream cannot be captured");
+  if (s.capturing) return emu::fail(cudaErrorInvalidValue, "cudaStreamBeginCapture: a capture is already on");
+  if (mode != cudaStreamCaptureModeGlobal) return emu::fail(cudaErrorInvalidValue, "cudaStreamBeginCapture: only the global mode is emulated");
+  s.capturing = stream, s.captured.clear(), s.capture_broken.clear();
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+  const emu::State& s = emu::state();
+  *status = !s.capturing || s.capturing != stream ? cudaStreamCaptureStatusNone
+            : s.capture_broken.empty()           ? cudaStreamCaptureStatusActive
+                                                 : cudaStreamCaptureStatusInvalidated;
+  return emu_status();
+}
+inline cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+  emu::State& s = emu::state();
+  *graph = nullptr;
+  if (!s.capturing || stream != s.capturing) return emu::fail(cudaErrorInvalidValue, "cudaStreamEndCapture: the stream is not being captured");
+  const std::string broken = s.capture_broken;
+  std::vector<std::function<void()>> nodes = std::move(s.captured);
+  s.capturing = nullptr, s.captured.clear(), s.capture_broken.clear();
+  if (!broken.empty()) return emu::fail(cudaErrorStreamCaptureInvalidated, "the capture was invalidated: " + broken);
+  *graph = new CUgraph_st{std::move(nodes)};
+  return emu_status();
+}
+inline cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long flags = 0) {
+  if (!graph) return emu::fail(cudaErrorInvalidValue, "cudaGraphInstantiate: no graph");
+  *exec = new CUgraphExec_st{graph->nodes};
+  return emu_status();
+}
+// The graph's nodes in their order, each as its call would have run it.
+inline cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+  emu::State& s = emu::state();
+  if (s.sticky_error != cudaSuccess) return s.sticky_error;
+  if (!exec) return emu::fail(cudaErrorInvalidValue, "cudaGraphLaunch: no executable graph");
+  if (s.capturing) return emu::refuse_in_capture("cudaGraphLaunch");
+  ++s.counts.graph_launches;
+  for (const auto& node : exec->nodes) {
+    if (s.sticky_error != cudaSuccess) break;
+    ++s.counts.graph_nodes;
+    node();
+  }
+  return emu_status();
+}
+inline cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete exec;
+  return emu_status();
+}
+inline cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete graph;
+  return emu_status();
+}
 
 // ---- cuBLAS: the calls the GPU section makes, as the cuBLAS documentation defines them -------------------
 enum cublasStatus_t {
@@ -867,6 +1031,8 @@ enum cublasComputeType_t { CUBLAS_COMPUTE_32F = 68 };  // and fp32 arithmetic
 enum cublasGemmAlgo_t { CUBLAS_GEMM_DEFAULT = -1 };
 struct cublasContext {
   cublasMath_t math = CUBLAS_DEFAULT_MATH;
+  cudaStream_t stream = nullptr;  // cublasSetStream's; the legacy default stream until set
+  void* workspace = nullptr;      // cublasSetWorkspace's; cublasSetStream resets it to cuBLAS's own, as cuBLAS does
 };
 using cublasHandle_t = cublasContext*;
 
@@ -887,6 +1053,18 @@ inline cublasStatus_t cublasCreate(cublasHandle_t* h) {
 }
 inline cublasStatus_t cublasDestroy(cublasHandle_t h) {
   delete h;
+  return CUBLAS_STATUS_SUCCESS;
+}
+inline cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t stream) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  h->stream = stream, h->workspace = nullptr;
+  return CUBLAS_STATUS_SUCCESS;
+}
+inline cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void* workspace, size_t bytes) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  std::string why;
+  if (bytes && !emu::inside(emu::state().device_allocations, workspace, bytes, &why)) return CUBLAS_STATUS_INVALID_VALUE;
+  h->workspace = workspace;
   return CUBLAS_STATUS_SUCCESS;
 }
 inline cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t mode) {
@@ -923,6 +1101,32 @@ inline std::vector<float> operand_floats(const void* p, cudaDataType_t type, boo
   }
   return out;
 }
+// The product of a cuBLAS call, when its stream gets to it: false when an operand leaves its allocation.
+inline bool product(const char* call, bool at, bool bt, int m, int n, int k, float alpha, const void* A, const void* B,
+                    cudaDataType_t type, bool tf32, int lda, int ldb, float beta, float* C, int ldc, bool count) {
+  const size_t element = type == CUDA_R_16BF ? 2 : 4;
+  if (m > 0 && n > 0 &&
+      (!operand_inside(call, "A", A, element, at ? k : m, at ? m : k, lda) ||
+       !operand_inside(call, "B", B, element, bt ? n : k, bt ? k : n, ldb) || !operand_inside(call, "C", C, 4, m, n, ldc)))
+    return false;
+  if (count) ++state().counts.blas_calls[call];  // a call the GPU runs: refused and failed ones are not
+  if (m == 0 || n == 0 || state().dry_run) return true;
+  const std::vector<float> a = operand_floats(A, type, tf32, at ? k : m, at ? m : k, lda), b = operand_floats(B, type, tf32, bt ? n : k, bt ? k : n, ldb);
+  const float* fa = a.empty() ? (const float*)A : a.data();
+  const float* fb = b.empty() ? (const float*)B : b.data();
+  if (alpha == 1 && (beta == 0 || beta == 1)) {
+    cpu::gemm<float>(bt, at, n, m, k, fb, ldb, fa, lda, C, ldc, beta == 1);
+    return true;
+  }
+  std::vector<float> product((size_t)n * m);
+  cpu::gemm<float>(bt, at, n, m, k, fb, ldb, fa, lda, product.data(), m, false);
+  for (int j = 0; j < n; ++j)
+    for (int i = 0; i < m; ++i) {
+      float& c = C[(size_t)j * ldc + i];
+      c = alpha * product[(size_t)j * m + i] + (beta == 0 ? 0.f : beta * c);  // beta 0: C is not read
+    }
+  return true;
+}
 // C = alpha op(A) op(B) + beta C, column-major (m x n, op(A) m x k), C in fp32, A and B both fp32 or both
 // bf16, the arithmetic in fp32. Row-major, C is C^T (n x m, ld ldc) and C^T = op(B)^T op(A)^T, which
 // cpu::gemm computes from the same memory with the transposes as given.
@@ -934,30 +1138,13 @@ inline cublasStatus_t gemm(cublasHandle_t h, const char* call, cublasOperation_t
   if (ta < CUBLAS_OP_N || ta > CUBLAS_OP_C || tb < CUBLAS_OP_N || tb > CUBLAS_OP_C || m < 0 || n < 0 || k < 0 ||
       lda < std::max(1, at ? k : m) || ldb < std::max(1, bt ? n : k) || ldc < std::max(1, m))
     return CUBLAS_STATUS_INVALID_VALUE;
-  if (state().sticky_error != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
-  const size_t element = type == CUDA_R_16BF ? 2 : 4;
-  if (m > 0 && n > 0 &&
-      (!operand_inside(call, "A", A, element, at ? k : m, at ? m : k, lda) ||
-       !operand_inside(call, "B", B, element, bt ? n : k, bt ? k : n, ldb) || !operand_inside(call, "C", C, 4, m, n, ldc)))
-    return CUBLAS_STATUS_EXECUTION_FAILED;
-  if (count) ++state().counts.blas_calls[call];  // a call the GPU runs: refused and failed ones are not
-  if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
-  if (state().dry_run) return CUBLAS_STATUS_SUCCESS;
+  if (state().sticky_error != cudaSuccess || !may_queue(call, h->stream)) return CUBLAS_STATUS_EXECUTION_FAILED;
+  // the product runs when the stream gets to it, with alpha and beta as they are now (host pointer mode)
   const bool tf32 = h->math == CUBLAS_TF32_TENSOR_OP_MATH;
-  const std::vector<float> a = operand_floats(A, type, tf32, at ? k : m, at ? m : k, lda), b = operand_floats(B, type, tf32, bt ? n : k, bt ? k : n, ldb);
-  const float* fa = a.empty() ? (const float*)A : a.data();
-  const float* fb = b.empty() ? (const float*)B : b.data();
-  if (*alpha == 1 && (*beta == 0 || *beta == 1)) {
-    cpu::gemm<float>(bt, at, n, m, k, fb, ldb, fa, lda, C, ldc, *beta == 1);
-    return CUBLAS_STATUS_SUCCESS;
-  }
-  std::vector<float> product((size_t)n * m);
-  cpu::gemm<float>(bt, at, n, m, k, fb, ldb, fa, lda, product.data(), m, false);
-  for (int j = 0; j < n; ++j)
-    for (int i = 0; i < m; ++i) {
-      float& c = C[(size_t)j * ldc + i];
-      c = *alpha * product[(size_t)j * m + i] + (*beta == 0 ? 0.f : *beta * c);  // beta 0: C is not read
-    }
+  const float al = *alpha, be = *beta;
+  auto run = [=] { return state().sticky_error == cudaSuccess && product(call, at, bt, m, n, k, al, A, B, type, tf32, lda, ldb, be, C, ldc, count); };
+  if (!recording(h->stream)) return run() ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
+  queue(h->stream, [run] { run(); });
   return CUBLAS_STATUS_SUCCESS;
 }
 }  // namespace emu

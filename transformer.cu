@@ -1960,20 +1960,21 @@ Precision parse_precision(const std::string& name) {
 #ifdef TRANSFORMER_EMULATED_GPU
 #include "cuda_emulator.h"
 constexpr bool kEmulatedGpu = true;
-#define KERNEL_LAUNCH(kernel, grid, block, shared, ...) ::emu::launch(#kernel, kernel, grid, block, shared, __VA_ARGS__)
+#define KERNEL_LAUNCH(kernel, grid, block, shared, ...) ::emu::launch(#kernel, kernel, grid, block, shared, gpu::stream(), __VA_ARGS__)
 #else
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 constexpr bool kEmulatedGpu = false;
-#define KERNEL_LAUNCH(kernel, grid, block, shared, ...) kernel<<<grid, block, shared>>>(__VA_ARGS__)
+#define KERNEL_LAUNCH(kernel, grid, block, shared, ...) kernel<<<grid, block, shared, gpu::stream()>>>(__VA_ARGS__)
 // The block's dynamic shared memory (the launch's third argument), as an array of T.
 template <typename T> __device__ T* dynamic_shared() {
   extern __shared__ __align__(16) unsigned char dynamic_shared_bytes[];
   return (T*)dynamic_shared_bytes;
 }
 #endif
-// Every kernel is launched through LAUNCH, which checks the launch.
+// Every kernel is launched through LAUNCH, which checks the launch; on the one stream of the GPU path
+// (gpu::stream), so that a training step can be captured as a CUDA graph.
 #define LAUNCH(kernel, grid, block, shared, ...) (KERNEL_LAUNCH(kernel, grid, block, shared, __VA_ARGS__), check_launch())
 
 #define CUDA_CHECK(call) cuda_check((call), #call, __FILE__, __LINE__)
@@ -2005,11 +2006,34 @@ std::string gpu_name() {
 
 namespace gpu {
 
+template <typename T> static T* alloc_of(size_t n) {
+  void* p = nullptr;
+  CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
+  return (T*)p;
+}
+
+// The stream that every kernel, copy and product of the GPU path is queued on: not the legacy default
+// stream, which cannot be captured. Created blocking, so the synchronous copies (upload, download), which
+// run on the legacy stream, wait for it.
+static cudaStream_t stream() {
+  static cudaStream_t s = [] {
+    cudaStream_t created;
+    CUDA_CHECK(cudaStreamCreate(&created));
+    return created;
+  }();
+  return s;
+}
+
 static cublasHandle_t blas() {
   static cublasHandle_t h = [] {
     cublasHandle_t handle;
     CUBLAS_CHECK(cublasCreate(&handle));
     CUBLAS_CHECK(cublasSetMathMode(handle, CUBLAS_PEDANTIC_MATH));  // fp32 is the reference: no TF32
+    // On our stream, with a workspace of its own: cuBLAS then allocates nothing while a step is captured
+    // (32 MiB, what cuBLAS's documentation asks for on Hopper; set after the stream, which resets it).
+    CUBLAS_CHECK(cublasSetStream(handle, stream()));
+    constexpr size_t kWorkspaceBytes = 32u << 20;
+    CUBLAS_CHECK(cublasSetWorkspace(handle, alloc_of<unsigned char>(kWorkspaceBytes), kWorkspaceBytes));
     return handle;
   }();
   return h;
@@ -2020,12 +2044,6 @@ static Precision& products() {
   return p;
 }
 
-
-template <typename T> static T* alloc_of(size_t n) {
-  void* p = nullptr;
-  CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
-  return (T*)p;
-}
 float* alloc(size_t n) { return alloc_of<float>(n); }
 // Device doubles that the reductions write into (the loss and its token count, the gradient's squared
 // norm), allocated once: no allocation, an implicit synchronisation, inside a training step.
@@ -2530,6 +2548,10 @@ __global__ void layernorm_param_grads_kernel(float* dg, float* db, const float* 
     atomicAdd(&db[d], sb);
   }
 }
+static void layernorm_param_grads(float* dg, float* db, const float* dout, const float* in, const float* mean, const float* rstd,
+                                  int M, int D) {
+  LAUNCH(layernorm_param_grads_kernel, (M + kLnRows - 1) / kLnRows, kRowThreads, 0, dg, db, dout, in, mean, rstd, M, D);
+}
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* in, const float* g, const float* b, int M, int D,
                        double eps) {
@@ -2540,7 +2562,7 @@ void layernorm_backward(float* din, float* dg, float* db, const float* dout, con
                         const float* mean, const float* rstd, int M, int D) {
   if (M == 0) return;
   LAUNCH(layernorm_backward_kernel, M, kRowThreads, 0, din, dout, in, g, mean, rstd, D);
-  LAUNCH(layernorm_param_grads_kernel, (M + kLnRows - 1) / kLnRows, kRowThreads, 0, dg, db, dout, in, mean, rstd, M, D);
+  layernorm_param_grads(dg, db, dout, in, mean, rstd, M, D);
 }
 
 // x + Dropout(y) of element i: the sub-layer's output dropped and added to its input [§3.1, §5.4]
@@ -2598,7 +2620,7 @@ void residual_dropout_layernorm_backward(float* dx, float* dy, float* dg, float*
   if (M == 0) return;
   LAUNCH(residual_dropout_layernorm_backward_kernel, M, kRowThreads, 0, dx, dy, dout, sum, g, mean, rstd, drop,
          (float)dropout_scale(drop), D);
-  LAUNCH(layernorm_param_grads_kernel, (M + kLnRows - 1) / kLnRows, kRowThreads, 0, dg, db, dout, sum, mean, rstd, M, D);
+  layernorm_param_grads(dg, db, dout, sum, mean, rstd, M, D);
 }
 
 // ---- §3.4 the pre-softmax projection (the shared embedding) ------------------------------------------
@@ -2661,7 +2683,7 @@ double label_smoothed_xent_forward(float* lse, const float* logits, const int* t
   cpu::smoothing_weights(eps, form, V, &qt, &qo);
   if (M == 0) return 0;
   static_assert(kTokenCount == kLossSum + 1, "the loss and its token count are neighbours: one memset, one read");
-  CUDA_CHECK(cudaMemsetAsync(scalar(kLossSum), 0, 2 * sizeof(double)));
+  CUDA_CHECK(cudaMemsetAsync(scalar(kLossSum), 0, 2 * sizeof(double), stream()));
   LAUNCH(xent_forward_kernel, M, kRowThreads, 0, lse, scalar(kLossSum), scalar(kTokenCount), logits, targets, V, qt, qo, pad);
   double sums[2];  // the one read-back of a step: the loss summed over real tokens, and their count
   CUDA_CHECK(cudaMemcpy(sums, scalar(kLossSum), sizeof sums, cudaMemcpyDeviceToHost));
@@ -2674,7 +2696,7 @@ void label_smoothed_xent_backward(float* dlogits, const float* logits, const flo
   cpu::smoothing_weights(eps, form, V, &qt, &qo);
   if (M == 0) return;
   // the number of real tokens is counted on the device: nothing comes back to the host
-  CUDA_CHECK(cudaMemsetAsync(scalar(kTokenCount), 0, sizeof(double)));
+  CUDA_CHECK(cudaMemsetAsync(scalar(kTokenCount), 0, sizeof(double), stream()));
   LAUNCH(count_targets_kernel, std::min(blocks_for(M), 64u), kRowThreads, 0, scalar(kTokenCount), targets, M, pad);
   LAUNCH(xent_backward_kernel, M, kRowThreads, 0, dlogits, logits, lse, targets, V, (float)qt, (float)qo, scalar(kTokenCount), pad);
 }
@@ -2709,7 +2731,7 @@ __global__ void square_sum_kernel(double* out, const float* g, size_t n) {
 }
 double grad_norm(const float* grads, size_t n) {
   double* sum = scalar(kSquareSum);
-  CUDA_CHECK(cudaMemsetAsync(sum, 0, sizeof(double)));
+  CUDA_CHECK(cudaMemsetAsync(sum, 0, sizeof(double), stream()));
   if (n) LAUNCH(square_sum_kernel, std::min(blocks_for(n), 1024u), 256, 0, sum, grads, n);
   double host = 0;
   CUDA_CHECK(cudaMemcpy(&host, sum, sizeof(double), cudaMemcpyDeviceToHost));
@@ -2781,7 +2803,7 @@ struct GpuOps {
   template <typename T> using Buffer = gpu::DeviceBuffer<T>;
   static void zero(float* p, size_t n) { gpu::fill(p, 0, n); }
   static void copy(float* dst, const float* src, size_t n) {
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice));
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, gpu::stream()));
   }
   template <typename T> static void upload(T* dst, const T* src, size_t n) { gpu::upload(dst, src, n); }
   static void download(float* dst, const float* src, size_t n) { gpu::download(dst, src, n); }
@@ -2868,9 +2890,9 @@ class GpuModel : public DeviceModel {
     std::copy(b.tgt_out.begin(), b.tgt_out.end(), staged_ids + ns + nt);
     std::copy(acts.src_valid.begin(), acts.src_valid.end(), staged_valid);
     std::copy(acts.tgt_valid.begin(), acts.tgt_valid.end(), staged_valid + ns);
-    CUDA_CHECK(cudaMemcpyAsync(ids, staged_ids, (ns + 2 * nt) * sizeof(int), cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpyAsync(valid, staged_valid, ns + nt, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaEventRecord(uploaded));
+    CUDA_CHECK(cudaMemcpyAsync(ids, staged_ids, (ns + 2 * nt) * sizeof(int), cudaMemcpyHostToDevice, gpu::stream()));
+    CUDA_CHECK(cudaMemcpyAsync(valid, staged_valid, ns + nt, cudaMemcpyHostToDevice, gpu::stream()));
+    CUDA_CHECK(cudaEventRecord(uploaded, gpu::stream()));
     B = b.B, S = b.S, Tl = b.T;
   }
   // The model on the GPU, as decoding sees it: the encoder runs here over the sources.

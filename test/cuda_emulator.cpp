@@ -19,7 +19,12 @@
 //   - bf16: __float2bfloat16 rounding to nearest even (ties, overflow, NaN), cublasGemmEx on bf16 operands
 //     against the definition in double on the rounded values, and its refusals;
 //   - the counts (emu::counts()): launches per kernel and cuBLAS calls per function, refused ones left out,
-//     copies by direction, memsets, device bytes and their peak; a dry run counts without running.
+//     copies by direction, memsets, device bytes and their peak; a dry run counts without running;
+//   - streams and graphs: a capture records launches, async copies and memsets and cuBLAS products without
+//     running them; a graph replays them in order, with kernel arguments and alpha/beta as captured and
+//     memory (device or pinned) as it is at the replay; the calls CUDA refuses under a capture (allocation,
+//     synchronous copies and synchronisation, work on the legacy stream, cuBLAS left on it) fail and
+//     invalidate it, and cudaStreamEndCapture then fails.
 #include "../cuda_emulator.h"
 
 #include <sys/wait.h>
@@ -30,7 +35,7 @@
 
 namespace {
 
-#define RUN(kernel, grid, block, shared, ...) ::emu::launch(#kernel, kernel, grid, block, shared, __VA_ARGS__)
+#define RUN(kernel, grid, block, shared, ...) ::emu::launch(#kernel, kernel, grid, block, shared, nullptr, __VA_ARGS__)
 
 // ---- kernels that CUDA defines the result of ---------------------------------------------------------------
 __global__ void index_kernel(unsigned* out) {  // every thread of a 3-D grid of 3-D blocks writes its global id
@@ -121,6 +126,9 @@ __global__ void spin_kernel(volatile int* flag) {
 }
 __global__ void past_the_end_kernel(float* out, int n) { out[n + threadIdx.x] = 1; }
 __global__ void nothing_kernel(float* out) { out[threadIdx.x] = 0; }
+__global__ void axpy_kernel(float* y, const float* x, const float* a_on_device, float a, int n) {  // y += (a + *a_on_device) x
+  for (int i = threadIdx.x; i < n; i += blockDim.x) y[i] += (a + *a_on_device) * x[i];
+}
 
 template <typename T> std::vector<T> download(const T* d, size_t n) {
   std::vector<T> h(n);
@@ -137,7 +145,7 @@ template <typename T> T* device(size_t n) {
 // the error stays until cudaDeviceReset, after which a launch works again.
 template <typename... P, typename... A>
 void expect_finding(Checker& ck, const char* name, void (*kernel)(P...), unsigned threads, const char* what, A... args) {
-  emu::launch(name, kernel, dim3(2), dim3(threads), 0, args...);
+  emu::launch(name, kernel, dim3(2), dim3(threads), 0, nullptr, args...);
   const cudaError_t e = cudaGetLastError();
   const std::string msg = cudaGetErrorString(e);
   ck.expect(e == cudaErrorLaunchFailure && msg.find(name) != std::string::npos && msg.find(what) != std::string::npos,
@@ -548,6 +556,96 @@ int main() {
               "counts: a dry run counts a launch and a product without running them (index 5 is %u, was %u)", after[5], before[5]);
     cublasDestroy(blas);
     cudaFree(b), cudaFree(c);
+    cudaDeviceReset();
+  }
+  {  // stream capture and graph replay
+    cudaStream_t st;
+    cudaStreamCreate(&st);
+    cublasHandle_t blas;
+    cublasCreate(&blas);
+    cublasSetStream(blas, st);
+    float *x = device<float>(6), *y = device<float>(6), *a = device<float>(1), *c = device<float>(4), *pinned = nullptr;
+    cudaMallocHost(&pinned, 6 * sizeof(float));
+    const std::vector<float> ones(6, 1.f);
+    for (int i = 0; i < 6; ++i) pinned[i] = (float)(i + 1);
+    cudaMemcpy(x, ones.data(), 6 * sizeof(float), cudaMemcpyHostToDevice);
+    const float zero = 0, one = 1, half = 0.5f;
+    float coefficient = 2;
+    emu::reset_counts();
+    // the work: x = pinned; y = 0; y += (coefficient + *a) x; c (2x2) = 0.5 * x(2x3) x(3x2)
+    ck.expect(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal) == cudaSuccess, "capture: begins on a created stream");
+    cudaStreamCaptureStatus status;
+    cudaStreamIsCapturing(st, &status);
+    ck.expect(status == cudaStreamCaptureStatusActive, "capture: the stream reports it is capturing");
+    cudaMemcpyAsync(x, pinned, 6 * sizeof(float), cudaMemcpyHostToDevice, st);
+    cudaMemsetAsync(y, 0, 6 * sizeof(float), st);
+    emu::launch("axpy_kernel", axpy_kernel, dim3(1), dim3(4), 0, st, y, x, (const float*)a, coefficient, 6);
+    ck.expect(cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 3, &half, x, 2, x, 3, &zero, c, 2) == CUBLAS_STATUS_SUCCESS,
+              "capture: cublasSgemm on the capturing stream is accepted");
+    coefficient = 100;  // a kernel node keeps the argument it was captured with
+    // (read straight from the emulated device memory: a cudaMemcpy here would break the capture)
+    ck.expect(std::vector<float>(x, x + 6) == ones && std::isnan(y[0]) && emu::counts().launches.empty() && emu::counts().blas_calls.empty(),
+              "capture: nothing runs while it is recorded (y[0] %g)", y[0]);
+    cudaGraph_t graph;
+    ck.expect(cudaStreamEndCapture(st, &graph) == cudaSuccess && graph && graph->nodes.size() == 4, "capture: ends with a graph of 4 nodes");
+    cudaGraphExec_t exec;
+    ck.expect(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess, "capture: the graph instantiates");
+    double worst = 0;
+    for (float on_device : {0.f, 3.f}) {  // memory is read at the replay: *a and the pinned input change between them
+      cudaMemcpy(a, &on_device, sizeof(float), cudaMemcpyHostToDevice);
+      for (int i = 0; i < 6; ++i) pinned[i] = (float)(i + 1) + on_device;
+      ck.expect(cudaGraphLaunch(exec, st) == cudaSuccess && cudaStreamSynchronize(st) == cudaSuccess, "capture: the graph launches");
+      const std::vector<float> hy = download(y, 6), hc = download(c, 4);
+      for (int i = 0; i < 6; ++i) worst = std::max(worst, (double)std::fabs(hy[i] - (2 + on_device) * pinned[i]));
+      for (int i = 0; i < 2; ++i)  // column-major: c(i, j) = 0.5 sum_l x(i, l) x(l, j), x as 2x3 (ld 2) and 3x2 (ld 3)
+        for (int j = 0; j < 2; ++j) {
+          double want = 0;
+          for (int l = 0; l < 3; ++l) want += 0.5 * pinned[l * 2 + i] * pinned[j * 3 + l];
+          worst = std::max(worst, std::fabs(hc[j * 2 + i] - want));
+        }
+    }
+    ck.expect(worst == 0, "capture: each replay computes from the memory of its time and the arguments of the capture (worst error %g)", worst);
+    const emu::Counts& n = emu::counts();
+    ck.expect(n.graph_launches == 2 && n.graph_nodes == 8 && n.launches.at("axpy_kernel") == 2 && n.blas_calls.at("cublasSgemm") == 2 &&
+                  n.memsets == 2,
+              "capture: counts: 2 graph launches of 4 nodes, each node counted as the work it runs (%zu launches, %zu nodes)",
+              n.graph_launches, n.graph_nodes);
+    cudaGraphExecDestroy(exec), cudaGraphDestroy(graph);
+    // what a capture refuses: each call fails, and the capture ends invalidated, with no graph
+    const auto refused = [&](const char* what, cudaError_t expected, auto call) {
+      cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal);
+      const int e = (int)call();
+      cudaGraph_t g = nullptr;
+      const cudaError_t end = cudaStreamEndCapture(st, &g);
+      ck.expect(e == (int)expected && end == cudaErrorStreamCaptureInvalidated && !g,
+                "capture: %s is refused (%d, expected %d) and invalidates the capture (%s)", what, e, (int)expected, cudaGetErrorName(end));
+      cudaGetLastError();
+    };
+    void* p = nullptr;
+    float h[6];
+    refused("cudaMalloc", cudaErrorStreamCaptureUnsupported, [&] { return cudaMalloc(&p, 16); });
+    refused("cudaFree", cudaErrorStreamCaptureUnsupported, [&] { return cudaFree(c); });
+    refused("cudaMemcpy", cudaErrorStreamCaptureUnsupported, [&] { return cudaMemcpy(h, x, sizeof h, cudaMemcpyDeviceToHost); });
+    refused("cudaMemset", cudaErrorStreamCaptureUnsupported, [&] { return cudaMemset(y, 0, 8); });
+    refused("cudaStreamSynchronize", cudaErrorStreamCaptureUnsupported, [&] { return cudaStreamSynchronize(st); });
+    refused("cudaDeviceSynchronize", cudaErrorStreamCaptureUnsupported, [&] { return cudaDeviceSynchronize(); });
+    refused("cudaMemcpyAsync on the legacy stream", cudaErrorStreamCaptureImplicit,
+            [&] { return cudaMemcpyAsync(y, x, 8, cudaMemcpyDeviceToDevice, nullptr); });
+    refused("a launch on the legacy stream", cudaErrorStreamCaptureImplicit, [&] {
+      emu::launch("nothing_kernel", nothing_kernel, dim3(1), dim3(4), 0, nullptr, y);
+      return cudaGetLastError();
+    });
+    cublasHandle_t legacy;
+    cublasCreate(&legacy);
+    refused("cuBLAS on a handle left on the legacy stream", (cudaError_t)CUBLAS_STATUS_EXECUTION_FAILED,
+            [&] { return cublasSgemm(legacy, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 3, &one, x, 2, x, 3, &zero, c, 2); });
+    cublasDestroy(legacy);
+    ck.expect(cudaStreamBeginCapture(nullptr, cudaStreamCaptureModeGlobal) == cudaErrorStreamCaptureUnsupported,
+              "capture: the legacy default stream cannot be captured");
+    ck.expect(cudaMemcpy(h, x, sizeof h, cudaMemcpyDeviceToHost) == cudaSuccess && h[0] == 4, "capture: after the refusals the stream works (x[0] %g)", h[0]);
+    cublasDestroy(blas);
+    cudaFreeHost(pinned);
+    cudaStreamDestroy(st);
     cudaDeviceReset();
   }
   return ck.finish();
