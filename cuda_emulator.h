@@ -250,7 +250,7 @@ struct Counts {
   std::map<std::string, size_t> launches, blas_calls;  // per kernel, per cuBLAS function
   size_t to_device = 0, to_host = 0, on_device = 0, memsets = 0;  // cudaMemcpy(Async) by direction, cudaMemset(Async)
   size_t device_bytes = 0, peak_device_bytes = 0;
-  size_t graph_launches = 0, graph_nodes = 0;  // cudaGraphLaunch calls, and the nodes they ran
+  size_t graph_launches = 0, graph_nodes = 0, graph_kernels = 0;  // cudaGraphLaunch calls, the nodes they ran, the kernels among them
 };
 
 struct State {
@@ -289,6 +289,7 @@ struct State {
   cudaStream_t capturing = nullptr;
   std::vector<std::function<void()>> captured;
   std::string capture_broken;
+  bool replaying = false;  // inside cudaGraphLaunch
 
   State() {
     const char* o = std::getenv("CUDA_EMULATOR_ORDER");
@@ -313,7 +314,7 @@ inline State& state() {
 inline Counts& counts() { return state().counts; }
 inline void reset_counts() {
   Counts& c = counts();
-  c = Counts{{}, {}, 0, 0, 0, 0, c.device_bytes, c.device_bytes, 0, 0};
+  c = Counts{{}, {}, 0, 0, 0, 0, c.device_bytes, c.device_bytes, 0, 0, 0};
 }
 inline const char* order_name() {
   static const char* names[] = {"inorder", "reverse", "shuffle"};
@@ -658,6 +659,7 @@ template <typename L> void run_grid(L call, const char* name, dim3 grid, dim3 bl
   State& s = state();
   if (s.sticky_error != cudaSuccess) return;
   ++s.counts.launches[name];
+  s.counts.graph_kernels += s.replaying;
   if (s.dry_run) return;
   s.body = &L::run, s.body_arg = &call;
   s.kernel = name, s.grid_dim = grid, s.block_dim = block;
@@ -998,11 +1000,13 @@ inline cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
   if (!exec) return emu::fail(cudaErrorInvalidValue, "cudaGraphLaunch: no executable graph");
   if (s.capturing) return emu::refuse_in_capture("cudaGraphLaunch");
   ++s.counts.graph_launches;
+  s.replaying = true;
   for (const auto& node : exec->nodes) {
     if (s.sticky_error != cudaSuccess) break;
     ++s.counts.graph_nodes;
     node();
   }
+  s.replaying = false;
   return emu_status();
 }
 inline cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {

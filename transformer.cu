@@ -6,6 +6,7 @@
 #include "tokenizer.h"  // write_file_atomically
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cerrno>
 #include <cstdio>
@@ -13,6 +14,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <stdexcept>
 #include <type_traits>
@@ -165,7 +167,7 @@ Batch make_batch(const std::vector<const std::vector<int>*>& src, const std::vec
 
 
 DropoutKey dropout_key(uint64_t seed, long step, uint32_t site, double p) {
-  return {mix64(mix64(mix64(seed) ^ (uint64_t)step) ^ site), p};
+  return {dropout_site_stream(dropout_step_stream(seed, step), site), p, nullptr, site};
 }
 
 
@@ -1007,6 +1009,7 @@ template <typename T> struct Pass {
   long step;  // dropout masks are keyed by (seed, step, micro)
   int micro;  // which of the step's batches this is (gradient accumulation, data parallelism)
   bool train;
+  const uint64_t* step_stream = nullptr;  // on the GPU: the step's dropout stream in device memory (DropoutKey)
 };
 
 // The pass of a model on the CPU over a batch (after prepare_activations).
@@ -1058,7 +1061,9 @@ static void sublayer_connection_backward(T* dx, const NormWeights<T>& dln, const
 template <typename T> static DropoutKey drop_at(const Pass<T>& p, int stack, int layer, DropoutPlace place) {
   const Config& c = p.c;
   double prob = place == kSelfWeights || place == kCrossWeights ? c.p_attn : place == kFfnRelu ? c.p_relu : c.p_drop;
-  return dropout_key(p.seed, p.step, dropout_site(stack, layer, place, p.micro), p.train ? prob : 0.0);
+  DropoutKey key = dropout_key(p.seed, p.step, dropout_site(stack, layer, place, p.micro), p.train ? prob : 0.0);
+  key.step_stream = p.step_stream;
+  return key;
 }
 
 // [§3.1] Encoder: N layers of (self-attention, FFN) over the embedded source.
@@ -1951,6 +1956,9 @@ Precision parse_precision(const std::string& name) {
   throw std::runtime_error("--precision " + name + ": expected fp32, tf32 or bf16");
 }
 
+static bool cuda_graphs = true;  // set_cuda_graphs (the GPU training step's)
+void set_cuda_graphs(bool on) { cuda_graphs = on; }
+
 // ---- the GPU path ----------------------------------------------------------------------------------
 // Kernels and cuBLAS for every operation of namespace cpu, same names and argument order, float on device
 // pointers; test/parity_gpu.cpp holds each one to its CPU definition. Compiled by nvcc, or by g++ against
@@ -2037,6 +2045,35 @@ static cublasHandle_t blas() {
     return handle;
   }();
   return h;
+}
+// Whether the stream is being captured into a CUDA graph (GpuModel's training step).
+static bool capturing() {
+  cudaStreamCaptureStatus status;
+  CUDA_CHECK(cudaStreamIsCapturing(stream(), &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+// Counts the changes that leave a captured graph stale: scratch buffers reallocated, the precision set.
+static size_t& graph_epoch() {
+  static size_t epoch = 0;
+  return epoch;
+}
+// The work as a CUDA graph: captured from the stream, instantiated.
+template <typename F> static cudaGraphExec_t capture(F work) {
+  CUDA_CHECK(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeGlobal));
+  cudaGraph_t graph = nullptr;
+  try {
+    work();
+  } catch (...) {
+    cudaStreamEndCapture(stream(), &graph);  // ends the capture; the error is work's
+    if (graph) cudaGraphDestroy(graph);
+    throw;
+  }
+  CUDA_CHECK(cudaStreamEndCapture(stream(), &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  CUDA_CHECK(e);
+  return exec;
 }
 // The matrix products' precision (set_precision): fp32 until a program asks for another.
 static Precision& products() {
@@ -2157,6 +2194,7 @@ static bf16* bf16_scratch(Slot slot, size_t n) {
     if (p[slot]) release(p[slot]);
     p[slot] = nullptr, size[slot] = 0;  // if the allocation fails
     p[slot] = alloc_of<bf16>(n), size[slot] = n;
+    ++graph_epoch();
   }
   return p[slot];
 }
@@ -2216,6 +2254,7 @@ static const float* ones(size_t n) {
     if (p) release(p);
     p = alloc(n), size = n;
     fill(p, 1.f, n);
+    ++graph_epoch();
   }
   return p;
 }
@@ -2241,10 +2280,17 @@ void linear_backward(float* din, float* dw, float* db, const float* dout, const 
 }
 
 // ---- §5.4 dropout: the same hash as the CPU (dropout_keeps) -----------------------------------------
+// A key as the kernel uses it: one replayed from a CUDA graph takes its step from device memory (DropoutKey).
+__device__ DropoutKey at_step(DropoutKey key) {
+  if (key.step_stream) key.stream = dropout_site_stream(*key.step_stream, key.site);
+  return key;
+}
 __global__ void dropout_forward_kernel(float* out, const float* in, DropoutKey key, size_t n, float scale) {
+  key = at_step(key);
   GRID_STRIDE(i, n) out[i] = key.p == 0 ? in[i] : dropout_keeps(key, i) ? in[i] * scale : 0.f;
 }
 __global__ void dropout_backward_kernel(float* din, const float* dout, DropoutKey key, size_t n, float scale) {
+  key = at_step(key);
   GRID_STRIDE(i, n) if (key.p == 0 || dropout_keeps(key, i)) din[i] += dout[i] * scale;
 }
 void dropout_forward(float* out, const float* in, DropoutKey key, size_t n) {
@@ -2289,6 +2335,7 @@ constexpr int kMaxLenBackward = kDefaultSharedBytes / (3 * sizeof(float));
 __global__ void attention_forward_kernel(float* ctx, float* p, const float* q, const float* k, const float* v,
                                          const uint8_t* key_valid, bool causal, DropoutKey drop, int H, int Lq, int Lk,
                                          int D) {
+  drop = at_step(drop);
   // BEGIN SOLUTION task=attention_kernel points=5
   __shared__ float red[kRowThreads];
   const int i = blockIdx.x % Lq, h = (blockIdx.x / Lq) % H, b = blockIdx.x / (Lq * H), Dk = D / H;
@@ -2337,6 +2384,7 @@ __global__ void attention_forward_kernel(float* ctx, float* p, const float* q, c
 __global__ void attention_backward_kernel(float* dq, float* dk, float* dv, const float* dctx, const float* p, const float* q,
                                           const float* k, const float* v, DropoutKey drop, bool add, int H, int Lq, int Lk,
                                           int D) {
+  drop = at_step(drop);
   float* rowdot = dynamic_shared<float>();
   float* pk = rowdot + Lq;
   float* ds = pk + Lq;
@@ -2451,6 +2499,7 @@ void multihead_attention_backward(float* dxq, float* dxkv, const AttentionWeight
 // bf16 the pass also rounds h for the second product (h16), and the backward's pass likewise dh.
 __global__ void bias_relu_dropout_kernel(float* hpre, float* h, bf16* h16, const float* b, DropoutKey drop, size_t M, int F,
                                          float scale) {
+  drop = at_step(drop);
   GRID_STRIDE(i, M * F) {
     const float x = hpre[i] + b[i % F];
     hpre[i] = x;
@@ -2459,6 +2508,7 @@ __global__ void bias_relu_dropout_kernel(float* hpre, float* h, bf16* h16, const
   }
 }
 __global__ void relu_backward_kernel(float* dh, bf16* dh16, const float* hpre, DropoutKey drop, size_t n, float scale) {
+  drop = at_step(drop);
   GRID_STRIDE(i, n) {
     const bool pass = hpre[i] > 0 && (drop.p == 0 || dropout_keeps(drop, i));
     dh[i] = pass ? dh[i] * scale : 0.f;
@@ -2570,12 +2620,14 @@ __device__ float residual_dropout(const float* x, const float* y, DropoutKey dro
   return x[i] + (drop.p == 0 || dropout_keeps(drop, i) ? y[i] * scale : 0.f);
 }
 __global__ void residual_dropout_kernel(float* out, const float* x, const float* y, DropoutKey drop, float scale, size_t n) {
+  drop = at_step(drop);
   GRID_STRIDE(i, n) out[i] = residual_dropout(x, y, drop, scale, i);
 }
 // One block per row: the residual sum with its dropout, then LayerNorm of the sum, in one pass (the sum
 // is kept: the backward reads it). LayerNorm's arithmetic is layernorm_forward_kernel's.
 __global__ void residual_dropout_layernorm_kernel(float* out, float* sum, float* mean, float* rstd, const float* x, const float* y,
                                                   DropoutKey drop, float scale, const float* g, const float* b, int D, float eps) {
+  drop = at_step(drop);
   __shared__ float red[kRowThreads];
   const size_t row = (size_t)blockIdx.x * D;
   float s = 0;
@@ -2593,12 +2645,14 @@ __device__ void residual_dropout_add(float* dx, float* dy, float g, DropoutKey d
   dy[i] += drop.p == 0 || dropout_keeps(drop, i) ? g * scale : 0.f;
 }
 __global__ void residual_dropout_backward_kernel(float* dx, float* dy, const float* dout, DropoutKey drop, float scale, size_t n) {
+  drop = at_step(drop);
   GRID_STRIDE(i, n) residual_dropout_add(dx, dy, dout[i], drop, scale, i);
 }
 // One block per row: LayerNorm's input gradient of the row, straight into the residual's two paths.
 __global__ void residual_dropout_layernorm_backward_kernel(float* dx, float* dy, const float* dout, const float* sum,
                                                            const float* g, const float* mean, const float* rstd, DropoutKey drop,
                                                            float scale, int D) {
+  drop = at_step(drop);
   __shared__ float red[kRowThreads];
   layernorm_row_backward(blockIdx.x, dout, sum, g, mean, rstd, D, red,
                          [=](size_t i, float dsum) { residual_dropout_add(dx, dy, dsum, drop, scale, i); });
@@ -2685,6 +2739,10 @@ double label_smoothed_xent_forward(float* lse, const float* logits, const int* t
   static_assert(kTokenCount == kLossSum + 1, "the loss and its token count are neighbours: one memset, one read");
   CUDA_CHECK(cudaMemsetAsync(scalar(kLossSum), 0, 2 * sizeof(double), stream()));
   LAUNCH(xent_forward_kernel, M, kRowThreads, 0, lse, scalar(kLossSum), scalar(kTokenCount), logits, targets, V, qt, qo, pad);
+  if (capturing()) return NAN;  // a graph cannot read: whoever replays it reads the loss (last_loss)
+  return last_loss();
+}
+double last_loss() {
   double sums[2];  // the one read-back of a step: the loss summed over real tokens, and their count
   CUDA_CHECK(cudaMemcpy(sums, scalar(kLossSum), sizeof sums, cudaMemcpyDeviceToHost));
   return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
@@ -2820,6 +2878,8 @@ class GpuModel : public DeviceModel {
     parameter_layout<float>(m.cfg, params, &W, nullptr);
     parameter_layout<float>(m.cfg, grads, &G, nullptr);
     gpu::keep_bf16_copy(params, n);  // read by the products in bf16 precision, kept current by Adam
+    step_stream = (uint64_t*)gpu::alloc_bytes(sizeof(uint64_t));
+    CUDA_CHECK(cudaMallocHost(&staged_step, sizeof(uint64_t)));
     CUDA_CHECK(cudaEventCreateWithFlags(&uploaded, cudaEventDisableTiming));
   }
   ~GpuModel() override {  // no throwing from here: errors are ignored
@@ -2827,16 +2887,30 @@ class GpuModel : public DeviceModel {
       gpu::drop_bf16_copy(params);
     } catch (...) {
     }
-    for (void* p : {(void*)params, (void*)grads, (void*)adam_m, (void*)adam_v, (void*)arena, (void*)ids, (void*)valid}) cudaFree(p);
-    cudaFreeHost(staged_ids), cudaFreeHost(staged_valid), cudaEventDestroy(uploaded);
+    drop_graphs();
+    for (void* p : {(void*)params, (void*)grads, (void*)adam_m, (void*)adam_v, (void*)arena, (void*)ids, (void*)valid, (void*)step_stream})
+      cudaFree(p);
+    cudaFreeHost(staged_ids), cudaFreeHost(staged_valid), cudaFreeHost(staged_step), cudaEventDestroy(uploaded);
   }
+  // Training's forward and backward replay the batch shape's CUDA graphs (set_cuda_graphs), which read the
+  // step from device memory (step_stream); the loss is read after the forward's replay.
   double forward(const Batch& b, bool train) override {
-    prepare(b);
-    return forward_pass<GpuOps>(pass(train));
+    if (!train || !cuda_graphs) {
+      prepare(b, train);
+      return forward_pass<GpuOps>(pass(train));
+    }
+    prepare(rounded_up(b, m.cfg.max_len), train);
+    Graphs& g = graphs_of_shape();
+    ++g.forwards;
+    double loss = 0;
+    return replay(&g.forward, g.forwards > 1, [&] { loss = forward_pass<GpuOps>(pass(true)); }) ? gpu::last_loss() : loss;
   }
   void backward(const Batch& b, bool train) override {
-    if (b.B != B || b.S != S || b.T != Tl) throw std::logic_error("backward of another batch than the last forward");
-    backward_pass<GpuOps>(pass(train));
+    const Batch& shaped = train && cuda_graphs ? rounded_up(b, m.cfg.max_len) : b;
+    if (shaped.B != B || shaped.S != S || shaped.T != Tl) throw std::logic_error("backward of another batch than the last forward");
+    if (!train || !cuda_graphs) return backward_pass<GpuOps>(pass(train));
+    Graphs& g = graphs_of_shape();
+    replay(&g.backward, g.forwards > 1, [&] { backward_pass<GpuOps>(pass(true)); });
   }
   void zero_grad() override { gpu::fill(grads, 0, n); }
   void scale_grads(double factor) override { GpuOps::scale_grads(grads, n, factor); }
@@ -2860,13 +2934,58 @@ class GpuModel : public DeviceModel {
   }
 
  private:
-  // Carves the activation arena for the batch's shape and uploads its tokens and masks.
-  void prepare(const Batch& b) {
+  // The batch with its lengths rounded up to a multiple of 8 (at most max_len), padded: fewer shapes, so
+  // fewer graphs. Padding changes no real token's result (masks); dropout masks are laid out by position,
+  // so they fall differently than at the batch's own shape.
+  static Batch rounded_up(const Batch& b, int max_len) {
+    const auto round = [&](int L) { return std::max(L, std::min((L + 7) / 8 * 8, max_len)); };
+    if (round(b.S) == b.S && round(b.T) == b.T) return b;
+    Batch r;
+    r.B = b.B, r.S = round(b.S), r.T = round(b.T);
+    r.src.assign((size_t)r.B * r.S, kPadId), r.tgt_in.assign((size_t)r.B * r.T, kPadId), r.tgt_out.assign((size_t)r.B * r.T, kPadId);
+    for (int i = 0; i < b.B; ++i) {
+      std::copy_n(b.src.begin() + (size_t)i * b.S, b.S, r.src.begin() + (size_t)i * r.S);
+      std::copy_n(b.tgt_in.begin() + (size_t)i * b.T, b.T, r.tgt_in.begin() + (size_t)i * r.T);
+      std::copy_n(b.tgt_out.begin() + (size_t)i * b.T, b.T, r.tgt_out.begin() + (size_t)i * r.T);
+    }
+    return r;
+  }
+  // The graphs of one batch shape and step position (micro: its dropout sites differ), made the second
+  // time the shape comes (the first runs op by op: its scratch buffers are allocated then).
+  struct Graphs {
+    int forwards = 0;
+    cudaGraphExec_t forward = nullptr, backward = nullptr;
+  };
+  Graphs& graphs_of_shape() {
+    if (graphs_epoch != gpu::graph_epoch() || graphs.size() > kMaxShapes) drop_graphs();
+    return graphs[{B, S, Tl, m.micro}];
+  }
+  void drop_graphs() {
+    for (auto& [shape, g] : graphs)
+      for (cudaGraphExec_t e : {g.forward, g.backward})
+        if (e) cudaGraphExecDestroy(e);
+    graphs.clear();
+    graphs_epoch = gpu::graph_epoch();
+  }
+  // Replays *exec, capturing it from work first if `capture`; or runs work op by op. True if replayed.
+  template <typename F> static bool replay(cudaGraphExec_t* exec, bool capture, F work) {
+    if (!*exec && !capture) {
+      work();
+      return false;
+    }
+    if (!*exec) *exec = gpu::capture(work);
+    CUDA_CHECK(cudaGraphLaunch(*exec, gpu::stream()));
+    return true;
+  }
+  // Carves the activation arena for the batch's shape and uploads its tokens and masks, and in training the
+  // step's dropout stream.
+  void prepare(const Batch& b, bool train) {
     validate_batch(m.cfg, b);
     prepare_activations(acts, m.cfg, b, [&](size_t need) {
       if (need > arena_size) {
         if (arena) gpu::release(arena);
         arena = gpu::alloc(need), arena_size = need;
+        ++gpu::graph_epoch();
       }
       return arena;
     });
@@ -2882,6 +3001,7 @@ class GpuModel : public DeviceModel {
       CUDA_CHECK(cudaMallocHost(&staged_ids, need * sizeof(int)));
       CUDA_CHECK(cudaMallocHost(&staged_valid, need));
       ids_size = need;
+      ++gpu::graph_epoch();
     }
     // The batch goes through pinned memory, so its copies are asynchronous: queued behind the previous
     // step's backward and Adam, while the host goes on to queue this step's forward.
@@ -2892,21 +3012,27 @@ class GpuModel : public DeviceModel {
     std::copy(acts.tgt_valid.begin(), acts.tgt_valid.end(), staged_valid + ns);
     CUDA_CHECK(cudaMemcpyAsync(ids, staged_ids, (ns + 2 * nt) * sizeof(int), cudaMemcpyHostToDevice, gpu::stream()));
     CUDA_CHECK(cudaMemcpyAsync(valid, staged_valid, ns + nt, cudaMemcpyHostToDevice, gpu::stream()));
+    if (train) {
+      *staged_step = dropout_step_stream(m.seed, m.step);
+      CUDA_CHECK(cudaMemcpyAsync(step_stream, staged_step, sizeof(uint64_t), cudaMemcpyHostToDevice, gpu::stream()));
+    }
     CUDA_CHECK(cudaEventRecord(uploaded, gpu::stream()));
     B = b.B, S = b.S, Tl = b.T;
   }
   // The model on the GPU, as decoding sees it: the encoder runs here over the sources.
   DecodingModel<float> decoding_model() {
     return {m.cfg, W, [this](const Batch& b) {
-              prepare(b);
+              prepare(b, false);
               encoder_forward<GpuOps>(pass(false));
               return (const float*)acts.enc.out;
             }};
   }
   Pass<float> pass(bool train) {
     const size_t ns = (size_t)B * S, nt = (size_t)B * Tl;
-    return Pass<float>{m.cfg, W, G, acts, ids, ids + ns, ids + ns + nt, valid, valid + ns, B, S, Tl, m.seed, m.step, m.micro, train};
+    return Pass<float>{m.cfg, W, G, acts, ids, ids + ns, ids + ns + nt, valid, valid + ns, B, S, Tl, m.seed, m.step, m.micro, train,
+                       train ? step_stream : nullptr};
   }
+  static constexpr size_t kMaxShapes = 256;  // graphs kept at most; beyond, all are dropped and made again
   Transformer<float>& m;
   size_t n;
   float *params = nullptr, *grads = nullptr, *adam_m = nullptr, *adam_v = nullptr;  // one buffer each
@@ -2919,7 +3045,11 @@ class GpuModel : public DeviceModel {
   int* staged_ids = nullptr;          // their pinned host copies, from which they are uploaded
   uint8_t* staged_valid = nullptr;
   cudaEvent_t uploaded = nullptr;     // recorded after the uploads
+  uint64_t* step_stream = nullptr;    // the step's dropout stream (dropout_step_stream), on the device
+  uint64_t* staged_step = nullptr;    // and its pinned host copy
   int B = 0, S = 0, Tl = 0;   // the shape of the last forward
+  std::map<std::array<int, 4>, Graphs> graphs;  // by (B, S, T, micro)
+  size_t graphs_epoch = 0;                      // gpu::graph_epoch() when they were made
 };
 
 static std::unique_ptr<DeviceModel> make_gpu_model(Transformer<float>& m) {
@@ -2946,6 +3076,7 @@ void set_precision(Precision p) {
   CUBLAS_CHECK(cublasSetMathMode(gpu::blas(), p == Precision::tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
                                             : p == Precision::bf16 ? CUBLAS_DEFAULT_MATH : CUBLAS_PEDANTIC_MATH));
   gpu::products() = p;
+  ++gpu::graph_epoch();
 }
 #else
 bool gpu_available() { return false; }  // compiled by g++ without the emulator: no CUDA path in this build

@@ -126,7 +126,14 @@ inline HOST_DEVICE uint64_t mix64(uint64_t z) {
 struct DropoutKey {
   uint64_t stream = 0;  // hash of (seed, step, site); element i is kept when hash(stream, i) >= p
   double p = 0;         // drop probability; 0 disables the site
+  // A step replayed from a CUDA graph keeps the key it was captured with: the step's part of the hash is
+  // then read from device memory when set (step_stream: dropout_step_stream of the step), and the kernel
+  // makes stream = hash(*step_stream, site) itself (gpu's at_step).
+  const uint64_t* step_stream = nullptr;
+  uint32_t site = 0;
 };
+inline HOST_DEVICE uint64_t dropout_step_stream(uint64_t seed, long step) { return mix64(mix64(seed) ^ (uint64_t)step); }
+inline HOST_DEVICE uint64_t dropout_site_stream(uint64_t step_stream, uint32_t site) { return mix64(step_stream ^ site); }
 DropoutKey dropout_key(uint64_t seed, long step, uint32_t site, double p);
 // Element i of a dropout site is kept when a 24-bit uniform from hash(stream, i) is >= p: u = (h >> 40) /
 // 2^24 >= p, i.e. (h >> 40) >= ceil(p 2^24), both sides exact (an integer compare, which vectorises).
@@ -502,6 +509,12 @@ const char* precision_name(Precision p);
 Precision parse_precision(const std::string& name);  // "fp32", "tf32" or "bf16"; anything else throws
 Precision default_precision();                       // bf16 on a GPU that has it (compute capability 8.0+), else fp32
 void set_precision(Precision p);
+// Whether the GPU's training step replays CUDA graphs (on by default): the forward and the backward of
+// each batch shape are captured once (the second time the shape comes; the first runs op by op, so that
+// every buffer the step needs exists before a capture, where nothing may be allocated) and replayed after,
+// one launch each. Target and source lengths are then rounded up to a multiple of 8 (at most max_len),
+// so that few shapes exist. Off: every operation is its own launch, at the batch's own shape.
+void set_cuda_graphs(bool on);
 enum class Device { cpu, cuda };
 // Moves training to a device: to cuda, one upload of the parameters, gradients and Adam state (throws
 // std::runtime_error when this build has no CUDA path or no GPU is present); to cpu, one download.
@@ -576,9 +589,11 @@ void residual_dropout_layernorm_backward(float* dx, float* dy, float* dg, float*
 void output_projection_forward(float* logits, const float* y, const float* emb, int M, int D, int V);
 void output_projection_backward(float* dy, float* demb, const float* dlogits, const float* y, const float* emb, int M, int D,
                                 int V);
-// The softmax and the loss fused: one pass over the logits per row; targets on the device.
+// The softmax and the loss fused: one pass over the logits per row; targets on the device. Under a
+// CUDA graph's capture nothing is read back: it returns NaN, and last_loss() reads the loss after a replay.
 double label_smoothed_xent_forward(float* lse, const float* logits, const int* targets, int M, int V, double eps,
                                    LabelSmoothing form, int pad);
+double last_loss();  // the mean loss the last label_smoothed_xent_forward computed (one read from the device)
 void label_smoothed_xent_backward(float* dlogits, const float* logits, const float* lse, const int* targets, int M, int V,
                                   double eps, LabelSmoothing form, int pad);
 void adam_update(float* params, const float* grads, float* m, float* v, size_t n, double lr, double beta1, double beta2,

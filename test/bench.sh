@@ -77,7 +77,7 @@ torch_ms() {  # PyTorch's GPU step time in precision $1 for the model in ${shape
 small_args=(--d 256 --ff 1024 --layers 3 --dropout 0.2)
 for config in base small; do
   if [ $device = cuda ]; then
-    modes=(fp32 tf32 bf16) batch=256 steps=(--steps 20 --warmup 5)
+    modes=(fp32 tf32 bf16 bf16-op-by-op) batch=256 steps=(--steps 20 --warmup 5)  # the last: CUDA graphs off
   else
     modes=(fp32) batch=$([ $config = base ] && echo 16 || echo 64) steps=(--steps 3 --warmup 1)
   fi
@@ -103,12 +103,14 @@ for config in base small; do
       fi
       ms="$ms (fastest), $ms_med (median)" mem=", peak RSS ${mem} MB"
     else
-      out=$("$bench" --config $config --batch $batch --len 32 --device $device --precision $mode "${steps[@]}")
+      precision=${mode%-op-by-op}
+      graphs=$([ "$mode" = "$precision" ] && echo on || echo off)
+      out=$("$bench" --config $config --batch $batch --len 32 --device $device --precision $precision --graphs $graphs "${steps[@]}")
       ms=$(echo "$out" | field step_ms) tps=$(echo "$out" | field tgt_tok_per_s)
     fi
     if [ $torch = 1 ]; then
-      vs=$(ratio "$(torch_ms $mode)" "$ms")
-      if [ $mode = bf16 ]; then vs="$vs eager, $(ratio "$(torch_ms $mode --compile)" "$ms") torch.compile"; fi
+      vs=$(ratio "$(torch_ms $precision)" "$ms")
+      if [ $precision = bf16 ]; then vs="$vs eager, $(ratio "$(torch_ms $precision --compile)" "$ms") torch.compile"; fi
     fi
     n=$([ $config = base ] && echo 1 || echo 2)
     row "$n. $config model step, $mode, dropout on, $batch x 32 tokens a side" "$ms ms/step, $tps target tok/s$mem" "$vs"
@@ -142,7 +144,7 @@ gpu_counts_rows() {
       out=$(CUDA_EMULATOR_DRY_RUN=1 ./build/grade/test/bench --count --config $config --precision $precision --batch 256 --len 32 |
             head -n 1)
       row "6. GPU work per training step, $config model, $precision, 256 x 32 tokens" \
-          "$(echo "$out" | field launches) launches, $(echo "$out" | field cublas) cuBLAS calls, $(echo "$out" | field to_host) device-to-host copies, $(echo "$out" | field peak_MiB) MiB"
+          "$(echo "$out" | field launches) kernels and $(echo "$out" | field cublas) cuBLAS calls, in $(echo "$out" | field graphs) CUDA graph launches and $(echo "$out" | field host_launches) kernels launched alone; $(echo "$out" | field to_host) device-to-host copies, $(echo "$out" | field peak_MiB) MiB"
     done
   done
 }

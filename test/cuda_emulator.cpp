@@ -606,8 +606,8 @@ int main() {
     }
     ck.expect(worst == 0, "capture: each replay computes from the memory of its time and the arguments of the capture (worst error %g)", worst);
     const emu::Counts& n = emu::counts();
-    ck.expect(n.graph_launches == 2 && n.graph_nodes == 8 && n.launches.at("axpy_kernel") == 2 && n.blas_calls.at("cublasSgemm") == 2 &&
-                  n.memsets == 2,
+    ck.expect(n.graph_launches == 2 && n.graph_nodes == 8 && n.graph_kernels == 2 && n.launches.at("axpy_kernel") == 2 &&
+                  n.blas_calls.at("cublasSgemm") == 2 && n.memsets == 2,
               "capture: counts: 2 graph launches of 4 nodes, each node counted as the work it runs (%zu launches, %zu nodes)",
               n.graph_launches, n.graph_nodes);
     cudaGraphExecDestroy(exec), cudaGraphDestroy(graph);

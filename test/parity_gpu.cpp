@@ -113,6 +113,32 @@ void same_bf16(Checker& ck, const std::vector<float>& got, const std::vector<flo
   ck.close(got.empty() ? 0 : got[at], got.empty() ? 0 : want[at], tol, tol * rms, (what + "[" + std::to_string(at) + "]").c_str());
 }
 
+// The batch padded to lengths S and T (the shape a CUDA-graph step rounds it up to).
+Batch padded(const Batch& b, int S, int T) {
+  Batch p;
+  p.B = b.B, p.S = S, p.T = T;
+  p.src.assign((size_t)b.B * S, kPadId), p.tgt_in.assign((size_t)b.B * T, kPadId), p.tgt_out.assign((size_t)b.B * T, kPadId);
+  for (int i = 0; i < b.B; ++i)
+    for (int t = 0; t < std::max(b.S, b.T); ++t) {
+      if (t < b.S) p.src[(size_t)i * S + t] = b.src[(size_t)i * b.S + t];
+      if (t < b.T) p.tgt_in[(size_t)i * T + t] = b.tgt_in[(size_t)i * b.T + t], p.tgt_out[(size_t)i * T + t] = b.tgt_out[(size_t)i * b.T + t];
+    }
+  return p;
+}
+
+// A batch of n random pairs, source i of 3 + 2i tokens, target i of len_t - i.
+Batch random_batch(Rand& r, int n, int len_t, int V) {
+  std::vector<std::vector<int>> src(n), tgt(n);
+  std::vector<const std::vector<int>*> ps, pt;
+  for (int i = 0; i < n; ++i) {
+    src[i].resize(3 + 2 * i), tgt[i].resize(len_t - i);
+    for (int& id : src[i]) id = 4 + (int)(r.uniform(0, 1) * (V - 4)) % (V - 4);
+    for (int& id : tgt[i]) id = 4 + (int)(r.uniform(0, 1) * (V - 4)) % (V - 4);
+    ps.push_back(&src[i]), pt.push_back(&tgt[i]);
+  }
+  return make_batch(ps, pt);
+}
+
 }  // namespace
 
 int main() {
@@ -433,6 +459,94 @@ int main() {
     rep.same(gathered, "copy_rows (reorder by parent)");
     gpu::release(dparent);
   }
+
+  // CUDA graphs: the training step replayed from graphs is the step run op by op, bit for bit, over a
+  // sequence of steps that captures (the second time a shape comes), replays, drops the graphs when a
+  // larger batch reallocates the arena, and accumulates two batches in a step (another micro index); the
+  // op-by-op model gets the batches padded as the graph step rounds them up (lengths to a multiple of 8).
+  // Every dropout is on and the step changes each time: a graph that kept its capture's step would differ.
+  {
+    Config c = config_preset("tiny");
+    c.N = 2, c.D = 12, c.F = 20, c.H = 3, c.V = 37, c.max_len = 24, c.p_attn = 0.1, c.p_relu = 0.1, c.warmup = 4;
+    Transformer<float> graphed(c, 9), op_by_op(c, 9);
+    transformer_to_device(graphed, Device::cuda), transformer_to_device(op_by_op, Device::cuda);
+    Rand rg{77};  // its own numbers: the tests after this one see the data they always saw
+    const Batch small = random_batch(rg, 4, 6, c.V), large = random_batch(rg, 7, 13, c.V);  // S, T: 10, 7 and 16, 14
+    const auto up = [](int L) { return (L + 7) / 8 * 8; };
+    const std::vector<std::vector<const Batch*>> steps = {{&small}, {&small}, {&small}, {&large}, {&small}, {&small},
+                                                          {&large}, {&large}, {&small, &large}, {&small, &large}, {&small, &large}};
+    double worst = 0;
+#ifdef TRANSFORMER_EMULATED_GPU
+    size_t replayed_steps = 0;  // steps whose every forward and backward was a graph launch
+#endif
+    for (size_t k = 0; k < steps.size(); ++k) {
+      std::vector<Batch> shaped;
+      std::vector<const Batch*> shaped_ptrs;
+      std::vector<int> micro;
+      long tokens = 0;
+      for (const Batch* b : steps[k]) shaped.push_back(padded(*b, up(b->S), up(b->T))), tokens += b->target_tokens();
+      for (size_t i = 0; i < shaped.size(); ++i) shaped_ptrs.push_back(&shaped[i]), micro.push_back((int)i);
+#ifdef TRANSFORMER_EMULATED_GPU
+      emu::reset_counts();
+#endif
+      set_cuda_graphs(true);
+      const double lg = accumulate_gradients(graphed, steps[k], micro, tokens);
+      transformer_update(graphed);
+#ifdef TRANSFORMER_EMULATED_GPU
+      const emu::Counts& n = emu::counts();
+      size_t kernels = 0;
+      for (const auto& [name, count] : n.launches) kernels += count;
+      replayed_steps += n.graph_launches == 2 * steps[k].size();
+      if (n.graph_launches == 2 * steps[k].size()) {  // every batch's forward and backward replayed
+        const size_t host_kernels = kernels - n.graph_kernels;  // launches the host made itself
+        std::printf("  %-44s %zu graph launches of %zu nodes; %zu kernels launched by the host\n",
+                    ("CUDA graphs: step " + std::to_string(k + 1)).c_str(), n.graph_launches, n.graph_nodes, host_kernels);
+        // zero_grad's fill and Adam; with two batches, the accumulation's scaling (twice)
+        ck.expect(host_kernels == (steps[k].size() == 1 ? 2u : 4u), "CUDA graphs: step %zu launched %zu kernels itself besides its graphs", k + 1,
+                  host_kernels);
+      }
+#endif
+      set_cuda_graphs(false);
+      const double lo = accumulate_gradients(op_by_op, shaped_ptrs, micro, tokens);
+      transformer_update(op_by_op);
+      ck.expect(lg == lo, "CUDA graphs: step %zu's loss %.17g, op by op %.17g", k + 1, lg, lo);
+      worst = std::fmax(worst, std::fabs(lg - lo));
+    }
+    transformer_download(graphed), transformer_download(op_by_op);
+    size_t differ = 0;
+    for (size_t i = 0; i < graphed.params.size(); ++i)
+      differ += graphed.params[i] != op_by_op.params[i] || graphed.adam_m[i] != op_by_op.adam_m[i] || graphed.adam_v[i] != op_by_op.adam_v[i];
+    std::printf("  %-44s loss diff %.3g, %zu of %zu parameters (or Adam moments) differ (tol 0: the same bits)\n",
+                "CUDA graphs: 11 steps against op by op", worst, differ, graphed.params.size());
+    ck.expect(differ == 0, "CUDA graphs: after 11 steps %zu parameters or moments differ from the op-by-op model's", differ);
+#ifdef TRANSFORMER_EMULATED_GPU
+    std::printf("  %-44s %zu of 11 steps ran from graphs only\n", "CUDA graphs: replays", replayed_steps);
+    ck.expect(replayed_steps >= 5, "CUDA graphs: only %zu steps were replayed from graphs (5 expected)", replayed_steps);
+#endif
+    // without dropout, the rounded-up shape changes nothing but the order of sums: the graph step against
+    // the CPU at the batch's own shape, within the parity tolerance
+    c.p_drop = c.p_attn = c.p_relu = 0;
+    Transformer<float> on_cpu(c, 9), on_gpu(c, 9);
+    transformer_to_device(on_gpu, Device::cuda);
+    set_cuda_graphs(true);
+    double lc = 0, lg = 0;
+    for (int k = 0; k < 3; ++k) {  // run op by op, captured, replayed
+      zero_grad(on_cpu), zero_grad(on_gpu);
+      lc = transformer_forward(on_cpu, large, true), lg = transformer_forward(on_gpu, large, true);
+      transformer_backward(on_cpu, large, true), transformer_backward(on_gpu, large, true);
+    }
+    ck.close(lg, lc, kTol, kTol * kFloor, "CUDA graphs: loss at the rounded-up shape, no dropout");
+    transformer_download(on_gpu);
+    double worst_grad = 0;
+    for (size_t i = 0; i < on_cpu.grads.size(); ++i) {
+      worst_grad = std::fmax(worst_grad, std::fabs((double)on_gpu.grads[i] - on_cpu.grads[i]) / std::fmax(std::fabs((double)on_cpu.grads[i]), kFloor));
+      ck.close(on_gpu.grads[i], on_cpu.grads[i], kTol, kTol * kFloor, "CUDA graphs: gradient at the rounded-up shape, no dropout");
+    }
+    std::printf("  %-44s loss %.7g vs %.7g, gradients max rel err %.3g (tol %.0e)\n", "CUDA graphs: rounded-up shape vs CPU", lg, lc,
+                worst_grad, kTol);
+  }
+  // The rest compares the GPU with the CPU at the batch's own shape: op by op.
+  set_cuda_graphs(false);
 
   // the whole model: one training step (loss, every gradient tensor, the parameters after Adam), then
   // ten steps whose losses agree within 1e-4; post-LN and pre-LN, every dropout on
