@@ -18,7 +18,10 @@
 //   - cuBLAS (cublasSgemm, cublasSgemmStridedBatched, cublasGemmEx on fp32 or bf16 operands) computes by
 //     cpu::gemm with cuBLAS's argument checks; TF32 math rounds fp32 operands as the tensor cores do;
 //   - device allocations are separate host allocations filled with NaN bytes (AddressSanitizer sees an
-//     access past their end; a read of memory nothing wrote shows as NaN); copies must stay inside them.
+//     access past their end; a read of memory nothing wrote shows as NaN); copies must stay inside them;
+//   - streams run their work at once, unless one is being captured: its launches, async copies, memsets
+//     and cuBLAS calls become a graph's nodes, replayed by cudaGraphLaunch; an allocation, a synchronising
+//     call or work on the legacy stream during a capture fails and invalidates it, as CUDA's global mode does.
 // The order in which a block's threads run between two meeting points, and the order of the blocks, is
 // set by CUDA_EMULATOR_ORDER: inorder (default), reverse, or shuffle (reshuffled at every meeting point,
 // seeded by CUDA_EMULATOR_SEED): a missing __syncthreads or a race on shared memory gives another result

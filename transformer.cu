@@ -2021,8 +2021,8 @@ template <typename T> static T* alloc_of(size_t n) {
 }
 
 // The stream that every kernel, copy and product of the GPU path is queued on: not the legacy default
-// stream, which cannot be captured. Created blocking, so the synchronous copies (upload, download), which
-// run on the legacy stream, wait for it.
+// stream, which cannot be captured. Created blocking, so what runs on the legacy stream (the synchronous
+// copies of upload and download, data parallelism's ncclAllReduce) waits for it, and it for them.
 static cudaStream_t stream() {
   static cudaStream_t s = [] {
     cudaStream_t created;
@@ -2906,9 +2906,10 @@ class GpuModel : public DeviceModel {
     return replay(&g.forward, g.forwards > 1, [&] { loss = forward_pass<GpuOps>(pass(true)); }) ? gpu::last_loss() : loss;
   }
   void backward(const Batch& b, bool train) override {
-    const Batch& shaped = train && cuda_graphs ? rounded_up(b, m.cfg.max_len) : b;
-    if (shaped.B != B || shaped.S != S || shaped.T != Tl) throw std::logic_error("backward of another batch than the last forward");
-    if (!train || !cuda_graphs) return backward_pass<GpuOps>(pass(train));
+    const bool graphed = train && cuda_graphs;
+    if (b.B != B || (graphed ? rounded_length(b.S, m.cfg.max_len) : b.S) != S || (graphed ? rounded_length(b.T, m.cfg.max_len) : b.T) != Tl)
+      throw std::logic_error("backward of another batch than the last forward");
+    if (!graphed) return backward_pass<GpuOps>(pass(train));
     Graphs& g = graphs_of_shape();
     replay(&g.backward, g.forwards > 1, [&] { backward_pass<GpuOps>(pass(true)); });
   }
@@ -2937,11 +2938,11 @@ class GpuModel : public DeviceModel {
   // The batch with its lengths rounded up to a multiple of 8 (at most max_len), padded: fewer shapes, so
   // fewer graphs. Padding changes no real token's result (masks); dropout masks are laid out by position,
   // so they fall differently than at the batch's own shape.
+  static int rounded_length(int L, int max_len) { return std::max(L, std::min((L + 7) / 8 * 8, max_len)); }
   static Batch rounded_up(const Batch& b, int max_len) {
-    const auto round = [&](int L) { return std::max(L, std::min((L + 7) / 8 * 8, max_len)); };
-    if (round(b.S) == b.S && round(b.T) == b.T) return b;
+    if (rounded_length(b.S, max_len) == b.S && rounded_length(b.T, max_len) == b.T) return b;
     Batch r;
-    r.B = b.B, r.S = round(b.S), r.T = round(b.T);
+    r.B = b.B, r.S = rounded_length(b.S, max_len), r.T = rounded_length(b.T, max_len);
     r.src.assign((size_t)r.B * r.S, kPadId), r.tgt_in.assign((size_t)r.B * r.T, kPadId), r.tgt_out.assign((size_t)r.B * r.T, kPadId);
     for (int i = 0; i < b.B; ++i) {
       std::copy_n(b.src.begin() + (size_t)i * b.S, b.S, r.src.begin() + (size_t)i * r.S);
