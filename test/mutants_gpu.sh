@@ -27,6 +27,7 @@ mutants=(
   "race on a shared array (attention backward's dL/ds read before all are written)|if (threadIdx.x == 0) rowdot[i] = r;\n    __syncthreads();|if (threadIdx.x == 0) rowdot[i] = r;"
   "stale bf16 copy of the parameters (Adam's pass leaves it)|    if (copy) copy[i] = __float2bfloat16(params[i]);\n|"
   "a product's two bf16 operands rounded into one scratch buffer (project_backward)|d, O, operand(w, (size_t)I * O, kRight), O,|d, O, operand(w, (size_t)I * O, kLeft), O,"
+  "a CUDA graph that replays its capture's dropout masks (the step not read from device memory)|train ? step_stream : nullptr};|nullptr};"
 )
 
 # build NAME ORIGINAL MUTATED: a parity_gpu binary in $work/NAME from the mutated copy
