@@ -460,8 +460,11 @@ int main() {
     gpu::release(dparent);
   }
 
-  // CUDA graphs: the training step replayed from graphs is the step run op by op, bit for bit, over a
-  // sequence of steps that captures (the second time a shape comes), replays, drops the graphs when a
+  // CUDA graphs: the training step replayed from graphs is the step run op by op, bit for bit (losses,
+  // parameters, Adam's moments) where the GPU's sums are deterministic (the emulated GPU in order or in
+  // reverse). Under a shuffled order or on a GPU, atomics add in the order they land: the losses must then
+  // agree within the parity tolerance, and the parameters are not compared (Adam divides by sqrt(v), so an
+  // element whose gradient is near zero moves by up to the learning rate either way). Over a sequence of steps that captures (the second time a shape comes), replays, drops the graphs when a
   // larger batch reallocates the arena, and accumulates two batches in a step (another micro index); the
   // op-by-op model gets the batches padded as the graph step rounds them up (lengths to a multiple of 8).
   // Every dropout is on and the step changes each time: a graph that kept its capture's step would differ.
@@ -478,6 +481,9 @@ int main() {
     double worst = 0;
 #ifdef TRANSFORMER_EMULATED_GPU
     size_t replayed_steps = 0;  // steps whose every forward and backward was a graph launch
+    const bool same_bits = emu::state().order != emu::Order::shuffle;
+#else
+    const bool same_bits = false;
 #endif
     for (size_t k = 0; k < steps.size(); ++k) {
       std::vector<Batch> shaped;
@@ -509,16 +515,17 @@ int main() {
       set_cuda_graphs(false);
       const double lo = accumulate_gradients(op_by_op, shaped_ptrs, micro, tokens);
       transformer_update(op_by_op);
-      ck.expect(lg == lo, "CUDA graphs: step %zu's loss %.17g, op by op %.17g", k + 1, lg, lo);
+      if (same_bits) ck.expect(lg == lo, "CUDA graphs: step %zu's loss %.17g, op by op %.17g", k + 1, lg, lo);
+      else ck.close(lg, lo, kTol, kTol * kFloor, ("CUDA graphs: step " + std::to_string(k + 1) + "'s loss against op by op").c_str());
       worst = std::fmax(worst, std::fabs(lg - lo));
     }
     transformer_download(graphed), transformer_download(op_by_op);
     size_t differ = 0;
     for (size_t i = 0; i < graphed.params.size(); ++i)
       differ += graphed.params[i] != op_by_op.params[i] || graphed.adam_m[i] != op_by_op.adam_m[i] || graphed.adam_v[i] != op_by_op.adam_v[i];
-    std::printf("  %-44s loss diff %.3g, %zu of %zu parameters (or Adam moments) differ (tol 0: the same bits)\n",
-                "CUDA graphs: 11 steps against op by op", worst, differ, graphed.params.size());
-    ck.expect(differ == 0, "CUDA graphs: after 11 steps %zu parameters or moments differ from the op-by-op model's", differ);
+    std::printf("  %-44s loss diff %.3g, %zu of %zu parameters (or Adam moments) differ (%s)\n", "CUDA graphs: 11 steps against op by op",
+                worst, differ, graphed.params.size(), same_bits ? "tol 0: the same bits" : "atomics in any order: losses within 1e-5");
+    if (same_bits) ck.expect(differ == 0, "CUDA graphs: after 11 steps %zu parameters or moments differ from the op-by-op model's", differ);
 #ifdef TRANSFORMER_EMULATED_GPU
     std::printf("  %-44s %zu of 11 steps ran from graphs only\n", "CUDA graphs: replays", replayed_steps);
     ck.expect(replayed_steps >= 5, "CUDA graphs: only %zu steps were replayed from graphs (5 expected)", replayed_steps);
