@@ -788,6 +788,11 @@ template <typename T> void scale_grads(T* grads, size_t n, double factor) {
   for (size_t i = 0; i < n; ++i) grads[i] = T(grads[i] * factor);
 }
 
+template <typename T> void clip_grad_norm(T* grads, size_t n, double max_norm) {
+  const double norm = grad_norm(grads, n);
+  if (norm > max_norm) scale_grads(grads, n, max_norm / norm);
+}
+
 // ---- §6 decoding's own operations --------------------------------------------------------------------
 
 template <typename T> void log_softmax(T* out, const T* logits, int M, int V) {
@@ -972,7 +977,7 @@ static void prepare_activations(Activations<T>& a, const Config& c, const Batch&
   X(residual_dropout_backward) X(residual_dropout_layernorm_backward) X(multihead_attention_forward)            \
   X(multihead_attention_backward) X(ffn_forward) X(ffn_backward) X(output_projection_forward)                   \
   X(output_projection_backward) X(label_smoothed_xent_forward) X(label_smoothed_xent_backward)                  \
-  X(adam_update) X(grad_norm) X(scale_grads) X(linear_forward) X(attention_forward) X(log_softmax) X(copy_rows)
+  X(scale_grads) X(linear_forward) X(attention_forward) X(log_softmax) X(copy_rows)
 #define CPU_OP(name) \
   template <typename... A> static auto name(A&&... args) { return cpu::name(std::forward<A>(args)...); }
 struct CpuOps {
@@ -1236,14 +1241,13 @@ template <typename Ops, typename T> static void backward_pass(const Pass<T>& p) 
   Ops::embedding_backward(p.G.emb, a.d_sub, p.src, B, S, c.D);
 }
 
-// [§5.3] Clipping (when configured, [DEVIATION]) and one Adam step over the flat buffers.
-template <typename Ops, typename T>
-static void optimizer_step(const Config& c, T* params, T* grads, T* m, T* v, size_t n, double lr, long step) {
-  if (c.clip_norm > 0) {  // [DEVIATION] optional global gradient-norm clipping; the paper has none
-    double norm = Ops::grad_norm(grads, n);
-    if (norm > c.clip_norm) Ops::scale_grads(grads, n, c.clip_norm / norm);
-  }
-  Ops::adam_update(params, grads, m, v, n, lr, c.beta1, c.beta2, c.adam_eps, step);
+// [§5.3] Clipping (when configured, [DEVIATION]) and one Adam step over the flat buffers on the CPU; a
+// model on the GPU does the same in GpuModel::update.
+template <typename T> static void optimizer_step(Transformer<T>& m, double lr) {
+  const Config& c = m.cfg;
+  if (c.clip_norm > 0) cpu::clip_grad_norm(m.grads.data(), m.grads.size(), c.clip_norm);  // [DEVIATION] the paper has none
+  cpu::adam_update(m.params.data(), m.grads.data(), m.adam_m.data(), m.adam_v.data(), m.params.size(), lr, c.beta1, c.beta2,
+                   c.adam_eps, m.step);
 }
 
 // The CPU's arena is a host vector.
@@ -1311,7 +1315,7 @@ template <typename T> double transformer_update(Transformer<T>& m) {
   m.step += 1;
   const double lr = learning_rate(m.step, c.D, c.warmup, c.lr_scale);
   if (m.device) m.device->update(lr);
-  else optimizer_step<CpuOps>(c, m.params.data(), m.grads.data(), m.adam_m.data(), m.adam_v.data(), m.params.size(), lr, m.step);
+  else optimizer_step(m, lr);
   return lr;
 }
 
@@ -1933,6 +1937,7 @@ template <typename T> std::vector<const void*> instantiate_for() {
       (const void*)&cpu::output_projection_forward<T>, (const void*)&cpu::output_projection_backward<T>,
       (const void*)&cpu::label_smoothed_xent_forward<T>, (const void*)&cpu::label_smoothed_xent_backward<T>,
       (const void*)&cpu::adam_update<T>, (const void*)&cpu::grad_norm<T>, (const void*)&cpu::scale_grads<T>,
+      (const void*)&cpu::clip_grad_norm<T>,
       (const void*)&cpu::log_softmax<T>, (const void*)&cpu::copy_rows<T>,
       (const void*)&greedy_decode<T>, (const void*)&beam_search<T>, (const void*)&decoder_logprobs<T>,
   };
@@ -2082,9 +2087,10 @@ static Precision& products() {
 }
 
 float* alloc(size_t n) { return alloc_of<float>(n); }
-// Device doubles that the reductions write into (the loss and its token count, the gradient's squared
-// norm), allocated once: no allocation, an implicit synchronisation, inside a training step.
-enum Scalar { kLossSum, kTokenCount, kSquareSum, kScalars };
+// Device doubles that the reductions write into (the loss and its token count; the gradient's squared
+// norm, a part per block), allocated once: no allocation, an implicit synchronisation, inside a training step.
+constexpr unsigned kNormBlocks = 1024;
+enum Scalar { kLossSum, kTokenCount, kSquareParts, kScalars = kSquareParts + kNormBlocks };
 static double* scalar(Scalar which) {
   static double* slots = alloc_of<double>(kScalars);
   return slots + which;
@@ -2759,10 +2765,13 @@ void label_smoothed_xent_backward(float* dlogits, const float* logits, const flo
   LAUNCH(xent_backward_kernel, M, kRowThreads, 0, dlogits, logits, lse, targets, V, (float)qt, (float)qo, scalar(kTokenCount), pad);
 }
 
-// ---- §5.3 Adam over the whole buffer, the gradient norm ---------------------------------------------
-// The parameters' bf16 copy, where they have one, is written in the same pass.
-__global__ void adam_kernel(float* params, bf16* copy, const float* grads, float* m, float* v, size_t n, double lr, double beta1,
-                            double beta2, double eps, double c1, double c2) {
+// ---- §5.3 Adam over the whole buffer, gradient-norm clipping -------------------------------------------
+// What changes from step to step (Eq. 3's rate, the bias corrections) is read from device memory, so one
+// CUDA graph of the update serves every step. The parameters' bf16 copy, where they have one, is written in
+// the same pass.
+__global__ void adam_kernel(float* params, bf16* copy, const float* grads, float* m, float* v, size_t n, const AdamStep* step,
+                            double beta1, double beta2, double eps) {
+  const double lr = step->lr, c1 = step->c1, c2 = step->c2;
   GRID_STRIDE(i, n) {
     m[i] = normal_or_zero<float>(beta1 * m[i] + (1 - beta1) * grads[i]);
     v[i] = normal_or_zero<float>(beta2 * v[i] + (1 - beta2) * (double)grads[i] * grads[i]);
@@ -2771,29 +2780,41 @@ __global__ void adam_kernel(float* params, bf16* copy, const float* grads, float
     if (copy) copy[i] = __float2bfloat16(params[i]);
   }
 }
-void adam_update(float* params, const float* grads, float* m, float* v, size_t n, double lr, double beta1, double beta2,
-                 double eps, long t) {
-  const double c1 = 1 - std::pow(beta1, (double)t), c2 = 1 - std::pow(beta2, (double)t);
+AdamStep adam_step(double lr, double beta1, double beta2, long t) {
+  return {lr, 1 - std::pow(beta1, (double)t), 1 - std::pow(beta2, (double)t)};  // as cpu::adam_update
+}
+void adam_update(float* params, const float* grads, float* m, float* v, size_t n, const AdamStep* step, double beta1, double beta2,
+                 double eps) {
   if (n == 0) return;
   bf16* copy = bf16_copy_of(params);
   if (copy && bf16_copy_of(params + n - 1) != copy + n - 1) throw std::logic_error("adam_update: over part of a buffer's bf16 copy");
-  LAUNCH(adam_kernel, blocks_for(n), 256, 0, params, copy, grads, m, v, n, lr, beta1, beta2, eps, c1, c2);
+  LAUNCH(adam_kernel, blocks_for(n), 256, 0, params, copy, grads, m, v, n, step, beta1, beta2, eps);
 }
 
-__global__ void square_sum_kernel(double* out, const float* g, size_t n) {
+// The squared norm: each block's sum into a part of its own, which every block of the clipping pass then
+// adds in the same fixed order. No atomics: the norm has the same bits on every run and every rank, so
+// data parallelism's ranks clip alike.
+__global__ void square_sum_kernel(double* part, const float* g, size_t n) {
   __shared__ double red[256];
   double s = 0;
   GRID_STRIDE(i, n) s += (double)g[i] * g[i];
   s = block_sum(s, red);
-  if (threadIdx.x == 0) atomicAdd(out, s);
+  if (threadIdx.x == 0) part[blockIdx.x] = s;
 }
-double grad_norm(const float* grads, size_t n) {
-  double* sum = scalar(kSquareSum);
-  CUDA_CHECK(cudaMemsetAsync(sum, 0, sizeof(double), stream()));
-  if (n) LAUNCH(square_sum_kernel, std::min(blocks_for(n), 1024u), 256, 0, sum, grads, n);
-  double host = 0;
-  CUDA_CHECK(cudaMemcpy(&host, sum, sizeof(double), cudaMemcpyDeviceToHost));
-  return std::sqrt(host);
+// Scales g by max_norm / ||g|| when the norm is above max_norm, decided here: nothing goes to the host.
+__global__ void clip_kernel(float* g, size_t n, const double* part, double max_norm) {
+  __shared__ double red[256];
+  double s = 0;
+  for (unsigned b = threadIdx.x; b < gridDim.x; b += blockDim.x) s += part[b];  // as many parts as blocks
+  const double norm = sqrt(block_sum(s, red));
+  if (!(norm > max_norm)) return;  // as on the CPU, a NaN norm scales nothing
+  GRID_STRIDE(i, n) g[i] = (float)(g[i] * (max_norm / norm));
+}
+void clip_grad_norm(float* grads, size_t n, double max_norm) {
+  if (n == 0) return;
+  const unsigned blocks = std::min(blocks_for(n), kNormBlocks);
+  LAUNCH(square_sum_kernel, blocks, 256, 0, scalar(kSquareParts), grads, n);
+  LAUNCH(clip_kernel, blocks, 256, 0, grads, n, scalar(kSquareParts), max_norm);
 }
 __global__ void scale_kernel(float* g, size_t n, float f) { GRID_STRIDE(i, n) g[i] *= f; }
 void scale_grads(float* grads, size_t n, double factor) {
@@ -2879,8 +2900,10 @@ class GpuModel : public DeviceModel {
     parameter_layout<float>(m.cfg, grads, &G, nullptr);
     gpu::keep_bf16_copy(params, n);  // read by the products in bf16 precision, kept current by Adam
     step_stream = (uint64_t*)gpu::alloc_bytes(sizeof(uint64_t));
+    adam_step = (gpu::AdamStep*)gpu::alloc_bytes(sizeof(gpu::AdamStep));
     CUDA_CHECK(cudaMallocHost(&staged_step, sizeof(uint64_t)));
-    CUDA_CHECK(cudaEventCreateWithFlags(&uploaded, cudaEventDisableTiming));
+    CUDA_CHECK(cudaMallocHost(&staged_adam, sizeof(gpu::AdamStep)));
+    for (cudaEvent_t* e : {&uploaded, &updated}) CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
   }
   ~GpuModel() override {  // no throwing from here: errors are ignored
     try {
@@ -2888,9 +2911,11 @@ class GpuModel : public DeviceModel {
     } catch (...) {
     }
     drop_graphs();
-    for (void* p : {(void*)params, (void*)grads, (void*)adam_m, (void*)adam_v, (void*)arena, (void*)ids, (void*)valid, (void*)step_stream})
+    for (void* p : {(void*)params, (void*)grads, (void*)adam_m, (void*)adam_v, (void*)arena, (void*)ids, (void*)valid, (void*)step_stream,
+                    (void*)adam_step})
       cudaFree(p);
-    cudaFreeHost(staged_ids), cudaFreeHost(staged_valid), cudaFreeHost(staged_step), cudaEventDestroy(uploaded);
+    for (void* p : {(void*)staged_ids, (void*)staged_valid, (void*)staged_step, (void*)staged_adam}) cudaFreeHost(p);
+    cudaEventDestroy(uploaded), cudaEventDestroy(updated);
   }
   // Training's forward and backward replay the batch shape's CUDA graphs (set_cuda_graphs), which read the
   // step from device memory (step_stream); the loss is read after the forward's replay.
@@ -2916,7 +2941,25 @@ class GpuModel : public DeviceModel {
   void zero_grad() override { gpu::fill(grads, 0, n); }
   void scale_grads(double factor) override { GpuOps::scale_grads(grads, n, factor); }
   float* grads_data() override { return grads; }
-  void update(double lr) override { optimizer_step<GpuOps>(m.cfg, params, grads, adam_m, adam_v, n, lr, m.step); }
+  // [§5.3] optimizer_step on the device, replayed from one CUDA graph (set_cuda_graphs) from the second
+  // update on: the step's rate and bias corrections are copied from pinned memory as it runs, and
+  // clipping decides on the device, so the update reads nothing back.
+  void update(double lr) override {
+    const Config& c = m.cfg;
+    CUDA_CHECK(cudaEventSynchronize(updated));  // the last update has copied the staged step
+    *staged_adam = gpu::adam_step(lr, c.beta1, c.beta2, m.step);
+    const auto work = [&] {
+      CUDA_CHECK(cudaMemcpyAsync(adam_step, staged_adam, sizeof(gpu::AdamStep), cudaMemcpyHostToDevice, gpu::stream()));
+      if (c.clip_norm > 0) gpu::clip_grad_norm(grads, n, c.clip_norm);  // [DEVIATION] the paper has none
+      gpu::adam_update(params, grads, adam_m, adam_v, n, adam_step, c.beta1, c.beta2, c.adam_eps);
+    };
+    if (!cuda_graphs) work();
+    else {
+      if (graphs_epoch != gpu::graph_epoch()) drop_graphs();
+      replay(&update_graph, ++updates > 1, work);
+    }
+    CUDA_CHECK(cudaEventRecord(updated, gpu::stream()));
+  }
   void download() override {
     gpu::download(m.params.data(), params, n);
     gpu::download(m.grads.data(), grads, n);
@@ -2966,6 +3009,7 @@ class GpuModel : public DeviceModel {
       for (cudaGraphExec_t e : {g.forward, g.backward})
         if (e) cudaGraphExecDestroy(e);
     graphs.clear();
+    if (update_graph) cudaGraphExecDestroy(std::exchange(update_graph, nullptr));
     graphs_epoch = gpu::graph_epoch();
   }
   // Replays *exec, capturing it from work first if `capture`; or runs work op by op. True if replayed.
@@ -3048,8 +3092,13 @@ class GpuModel : public DeviceModel {
   cudaEvent_t uploaded = nullptr;     // recorded after the uploads
   uint64_t* step_stream = nullptr;    // the step's dropout stream (dropout_step_stream), on the device
   uint64_t* staged_step = nullptr;    // and its pinned host copy
+  gpu::AdamStep* adam_step = nullptr;     // Adam's rate and bias corrections for the step, on the device
+  gpu::AdamStep* staged_adam = nullptr;   // and their pinned host copy
+  cudaEvent_t updated = nullptr;          // recorded after each update
   int B = 0, S = 0, Tl = 0;   // the shape of the last forward
   std::map<std::array<int, 4>, Graphs> graphs;  // by (B, S, T, micro)
+  cudaGraphExec_t update_graph = nullptr;       // the update's, made at the second update
+  long updates = 0;
   size_t graphs_epoch = 0;                      // gpu::graph_epoch() when they were made
 };
 

@@ -481,6 +481,8 @@ void adam_update(T* params, const T* grads, T* m, T* v, size_t n, double lr, dou
                  double eps, long t);
 template <typename T> double grad_norm(const T* grads, size_t n);
 template <typename T> void scale_grads(T* grads, size_t n, double factor);
+// [DEVIATION] optional: grads scaled by max_norm / ||grads|| when that is below 1 (the paper has no clipping)
+template <typename T> void clip_grad_norm(T* grads, size_t n, double max_norm);
 
 // [§6] Decoding's two operations of its own (inference only: nothing is trained through them).
 // out (M,V) = log softmax(logits) row by row; out may be logits.
@@ -596,9 +598,15 @@ double label_smoothed_xent_forward(float* lse, const float* logits, const int* t
 double last_loss();  // the mean loss the last label_smoothed_xent_forward computed (one read from the device)
 void label_smoothed_xent_backward(float* dlogits, const float* logits, const float* lse, const int* targets, int M, int V,
                                   double eps, LabelSmoothing form, int pad);
-void adam_update(float* params, const float* grads, float* m, float* v, size_t n, double lr, double beta1, double beta2,
-                 double eps, long t);
-double grad_norm(const float* grads, size_t n);
+// Adam's step t, read by its kernel from device memory (a CUDA graph of the update serves every step): the
+// rate (Eq. 3) and the bias corrections 1 - beta1^t and 1 - beta2^t.
+struct AdamStep {
+  double lr, c1, c2;
+};
+AdamStep adam_step(double lr, double beta1, double beta2, long t);
+void adam_update(float* params, const float* grads, float* m, float* v, size_t n, const AdamStep* step, double beta1, double beta2,
+                 double eps);
+void clip_grad_norm(float* grads, size_t n, double max_norm);  // the decision made on the device: nothing is read back
 void scale_grads(float* grads, size_t n, double factor);
 void log_softmax(float* out, const float* logits, int M, int V);
 void copy_rows(float* dst, size_t dst_stride, const float* src, size_t src_stride, const int* index, int rows, size_t width);

@@ -63,6 +63,14 @@ struct Buf {
   }
 };
 
+// Adam's step t (beta1 0.9, beta2 0.98) in device memory, where gpu::adam_update reads it; released by the caller
+static gpu::AdamStep* device_adam_step(double lr, long t) {
+  const gpu::AdamStep s = gpu::adam_step(lr, 0.9, 0.98, t);
+  auto* d = (gpu::AdamStep*)gpu::alloc_bytes(sizeof s);
+  gpu::upload((uint8_t*)d, (const uint8_t*)&s, sizeof s);
+  return d;
+}
+
 struct Report {
   Checker& ck;
   // compares the device copy of b with its host copy (the CPU result), relative to max(|cpu|, floor, RMS)
@@ -421,18 +429,30 @@ int main() {
     gpu::release(dt);
   }
 
-  // Adam (Eq. 3's learning rate computed on the host), gradient norm, scaling
+  // Adam (Eq. 3's learning rate computed on the host, read from device memory), clipping by the gradient
+  // norm (a norm below max_norm: nothing changes; above: scaled down to it), scaling
   {
     const size_t n = 4099;
     Buf p(r.vec(n)), g(r.vec(n)), m(r.vec(n, -0.1f, 0.1f)), v(r.vec(n, 0, 0.1f));
     const double lr = learning_rate(7, 512, 4000, 1.0);
+    gpu::AdamStep* step = device_adam_step(lr, 7);
     cpu::adam_update(p.h.data(), g.h.data(), m.h.data(), v.h.data(), n, lr, 0.9, 0.98, 1e-9, 7);
-    gpu::adam_update(p.d, g.d, m.d, v.d, n, lr, 0.9, 0.98, 1e-9, 7);
+    gpu::adam_update(p.d, g.d, m.d, v.d, n, step, 0.9, 0.98, 1e-9);
+    gpu::release(step);
     rep.same(p, "adam_update params");
     rep.same(m, "adam_update m");
     rep.same(v, "adam_update v");
-    const double nc = cpu::grad_norm(g.h.data(), n), ng = gpu::grad_norm(g.d, n);
-    ck.close(ng, nc, kTol, kTol * kFloor, "grad_norm");
+    const double norm = cpu::grad_norm(g.h.data(), n);
+    Buf again(g.h);
+    for (double max_norm : {2 * norm, norm / 2}) {
+      cpu::clip_grad_norm(g.h.data(), n, max_norm);
+      gpu::clip_grad_norm(g.d, n, max_norm);
+      rep.same(g, std::string("clip_grad_norm, the norm ") + (max_norm > norm ? "below" : "above") + " max_norm");
+    }
+    ck.close(cpu::grad_norm(g.h.data(), n), norm / 2, kTol, 0, "clip_grad_norm: the norm after clipping");
+    // no atomics in the norm: clipping the same gradients again gives the same bits in any order of blocks
+    gpu::clip_grad_norm(again.d, n, norm / 2);
+    ck.expect(again.get() == g.get(), "clip_grad_norm: another run gives other bits");
     cpu::scale_grads(g.h.data(), n, 0.37);
     gpu::scale_grads(g.d, n, 0.37);
     rep.same(g, "scale_grads");
@@ -468,9 +488,12 @@ int main() {
   // larger batch reallocates the arena, and accumulates two batches in a step (another micro index); the
   // op-by-op model gets the batches padded as the graph step rounds them up (lengths to a multiple of 8).
   // Every dropout is on and the step changes each time: a graph that kept its capture's step would differ.
+  // The update is a graph too (from the second step on), with clipping on: some steps' gradients are
+  // clipped, some not, which the graph decides on the device.
   {
     Config c = config_preset("tiny");
     c.N = 2, c.D = 12, c.F = 20, c.H = 3, c.V = 37, c.max_len = 24, c.p_attn = 0.1, c.p_relu = 0.1, c.warmup = 4;
+    c.clip_norm = 0.8;
     Transformer<float> graphed(c, 9), op_by_op(c, 9);
     transformer_to_device(graphed, Device::cuda), transformer_to_device(op_by_op, Device::cuda);
     Rand rg{77};  // its own numbers: the tests after this one see the data they always saw
@@ -480,7 +503,7 @@ int main() {
                                                           {&large}, {&large}, {&small, &large}, {&small, &large}, {&small, &large}};
     double worst = 0;
 #ifdef TRANSFORMER_EMULATED_GPU
-    size_t replayed_steps = 0;  // steps whose every forward and backward was a graph launch
+    size_t replayed_steps = 0, replayed_clipped = 0;  // ... and among them, those whose gradients were clipped  // steps whose every forward and backward was a graph launch
     const bool same_bits = emu::state().order != emu::Order::shuffle;
 #else
     const bool same_bits = false;
@@ -502,18 +525,24 @@ int main() {
       const emu::Counts& n = emu::counts();
       size_t kernels = 0;
       for (const auto& [name, count] : n.launches) kernels += count;
-      replayed_steps += n.graph_launches == 2 * steps[k].size();
-      if (n.graph_launches == 2 * steps[k].size()) {  // every batch's forward and backward replayed
+      const bool replayed = n.graph_launches == 2 * steps[k].size() + 1;  // every forward and backward, and the update
+      if (replayed) {
         const size_t host_kernels = kernels - n.graph_kernels;  // launches the host made itself
         std::printf("  %-44s %zu graph launches of %zu nodes; %zu kernels launched by the host\n",
                     ("CUDA graphs: step " + std::to_string(k + 1)).c_str(), n.graph_launches, n.graph_nodes, host_kernels);
-        // zero_grad's fill and Adam; with two batches, the accumulation's scaling (twice)
-        ck.expect(host_kernels == (steps[k].size() == 1 ? 2u : 4u), "CUDA graphs: step %zu launched %zu kernels itself besides its graphs", k + 1,
+        // zero_grad's fill; with two batches, the accumulation's scaling (twice)
+        ck.expect(host_kernels == (steps[k].size() == 1 ? 1u : 3u), "CUDA graphs: step %zu launched %zu kernels itself besides its graphs", k + 1,
                   host_kernels);
       }
 #endif
       set_cuda_graphs(false);
       const double lo = accumulate_gradients(op_by_op, shaped_ptrs, micro, tokens);
+#ifdef TRANSFORMER_EMULATED_GPU
+      if (replayed) {
+        transformer_download(op_by_op);
+        replayed_steps += 1, replayed_clipped += cpu::grad_norm(op_by_op.grads.data(), op_by_op.grads.size()) > c.clip_norm;
+      }
+#endif
       transformer_update(op_by_op);
       if (same_bits) ck.expect(lg == lo, "CUDA graphs: step %zu's loss %.17g, op by op %.17g", k + 1, lg, lo);
       else ck.close(lg, lo, kTol, kTol * kFloor, ("CUDA graphs: step " + std::to_string(k + 1) + "'s loss against op by op").c_str());
@@ -527,8 +556,11 @@ int main() {
                 worst, differ, graphed.params.size(), same_bits ? "tol 0: the same bits" : "atomics in any order: losses within 1e-5");
     if (same_bits) ck.expect(differ == 0, "CUDA graphs: after 11 steps %zu parameters or moments differ from the op-by-op model's", differ);
 #ifdef TRANSFORMER_EMULATED_GPU
-    std::printf("  %-44s %zu of 11 steps ran from graphs only\n", "CUDA graphs: replays", replayed_steps);
+    std::printf("  %-44s %zu of 11 steps ran from graphs only, %zu of them clipped\n", "CUDA graphs: replays", replayed_steps,
+                replayed_clipped);
     ck.expect(replayed_steps >= 5, "CUDA graphs: only %zu steps were replayed from graphs (5 expected)", replayed_steps);
+    ck.expect(replayed_clipped > 0 && replayed_clipped < replayed_steps,
+              "CUDA graphs: %zu of %zu replayed updates clipped: the graph's clipping must be seen both ways", replayed_clipped, replayed_steps);
 #endif
     // without dropout, the rounded-up shape changes nothing but the order of sums: the graph step against
     // the CPU at the batch's own shape, within the parity tolerance
@@ -653,7 +685,9 @@ int main() {
     gpu::keep_bf16_copy(p.d, n);
     ck.expect(gpu::bf16_copy(p.d, n) == bf16_rounded(p.h), "keep_bf16_copy: the copy is the buffer rounded to bf16");
     cpu::adam_update(p.h.data(), g.h.data(), m.h.data(), v.h.data(), n, 1e-3, 0.9, 0.98, 1e-9, 3);
-    gpu::adam_update(p.d, g.d, m.d, v.d, n, 1e-3, 0.9, 0.98, 1e-9, 3);
+    gpu::AdamStep* step = device_adam_step(1e-3, 3);
+    gpu::adam_update(p.d, g.d, m.d, v.d, n, step, 0.9, 0.98, 1e-9);
+    gpu::release(step);
     rep.same(p, "bf16: adam_update params (fp32)");
     const std::vector<float> after = p.get();
     ck.expect(gpu::bf16_copy(p.d, n) == bf16_rounded(after), "adam_update: the bf16 copy is the new parameters rounded");
