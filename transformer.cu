@@ -174,8 +174,9 @@ DropoutKey dropout_key(uint64_t seed, long step, uint32_t site, double p) {
 // Dropout sites: one id per (stack, layer, place, batch of the step), so no two masks in a step coincide.
 // The first batch of a step (micro 0) has the ids of a step of one batch.
 enum DropoutPlace : uint32_t { kEmbedding, kSelfOut, kSelfWeights, kCrossOut, kCrossWeights, kFfnOut, kFfnRelu };
+static uint32_t dropout_micro_site(int micro) { return (uint32_t)micro << 17; }
 static uint32_t dropout_site(int stack, int layer, DropoutPlace place, int micro) {
-  return ((uint32_t)micro << 17) + ((uint32_t)stack * 4096u + (uint32_t)layer) * 16u + place;
+  return dropout_micro_site(micro) + ((uint32_t)stack * 4096u + (uint32_t)layer) * 16u + place;
 }
 
 // ---- §3.5 positional encoding, Eq. 3 -------------------------------------------------------------
@@ -1014,7 +1015,7 @@ template <typename T> struct Pass {
   long step;  // dropout masks are keyed by (seed, step, micro)
   int micro;  // which of the step's batches this is (gradient accumulation, data parallelism)
   bool train;
-  const uint64_t* step_stream = nullptr;  // on the GPU: the step's dropout stream in device memory (DropoutKey)
+  const DropoutStep* dropout_step = nullptr;  // on the GPU: (step, micro)'s part of the keys in device memory
 };
 
 // The pass of a model on the CPU over a batch (after prepare_activations).
@@ -1067,7 +1068,7 @@ template <typename T> static DropoutKey drop_at(const Pass<T>& p, int stack, int
   const Config& c = p.c;
   double prob = place == kSelfWeights || place == kCrossWeights ? c.p_attn : place == kFfnRelu ? c.p_relu : c.p_drop;
   DropoutKey key = dropout_key(p.seed, p.step, dropout_site(stack, layer, place, p.micro), p.train ? prob : 0.0);
-  key.step_stream = p.step_stream;
+  if (p.dropout_step) key.step = p.dropout_step, key.site = dropout_site(stack, layer, place, 0);  // micro read with the step
   return key;
 }
 
@@ -2288,7 +2289,7 @@ void linear_backward(float* din, float* dw, float* db, const float* dout, const 
 // ---- §5.4 dropout: the same hash as the CPU (dropout_keeps) -----------------------------------------
 // A key as the kernel uses it: one replayed from a CUDA graph takes its step from device memory (DropoutKey).
 __device__ DropoutKey at_step(DropoutKey key) {
-  if (key.step_stream) key.stream = dropout_site_stream(*key.step_stream, key.site);
+  if (key.step) key.stream = dropout_site_stream(key.step->stream, key.site + key.step->micro_site);
   return key;
 }
 __global__ void dropout_forward_kernel(float* out, const float* in, DropoutKey key, size_t n, float scale) {
@@ -2899,9 +2900,9 @@ class GpuModel : public DeviceModel {
     parameter_layout<float>(m.cfg, params, &W, nullptr);
     parameter_layout<float>(m.cfg, grads, &G, nullptr);
     gpu::keep_bf16_copy(params, n);  // read by the products in bf16 precision, kept current by Adam
-    step_stream = (uint64_t*)gpu::alloc_bytes(sizeof(uint64_t));
+    dropout_step = (DropoutStep*)gpu::alloc_bytes(sizeof(DropoutStep));
     adam_step = (gpu::AdamStep*)gpu::alloc_bytes(sizeof(gpu::AdamStep));
-    CUDA_CHECK(cudaMallocHost(&staged_step, sizeof(uint64_t)));
+    CUDA_CHECK(cudaMallocHost(&staged_step, sizeof(DropoutStep)));
     CUDA_CHECK(cudaMallocHost(&staged_adam, sizeof(gpu::AdamStep)));
     for (cudaEvent_t* e : {&uploaded, &updated}) CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
   }
@@ -2911,32 +2912,33 @@ class GpuModel : public DeviceModel {
     } catch (...) {
     }
     drop_graphs();
-    for (void* p : {(void*)params, (void*)grads, (void*)adam_m, (void*)adam_v, (void*)arena, (void*)ids, (void*)valid, (void*)step_stream,
+    for (void* p : {(void*)params, (void*)grads, (void*)adam_m, (void*)adam_v, (void*)arena, (void*)ids, (void*)valid, (void*)dropout_step,
                     (void*)adam_step})
       cudaFree(p);
     for (void* p : {(void*)staged_ids, (void*)staged_valid, (void*)staged_step, (void*)staged_adam}) cudaFreeHost(p);
     cudaEventDestroy(uploaded), cudaEventDestroy(updated);
   }
   // Training's forward and backward replay the batch shape's CUDA graphs (set_cuda_graphs), which read the
-  // step from device memory (step_stream); the loss is read after the forward's replay.
+  // step and the batch's place in it from device memory (dropout_step); the loss is read after the forward's
+  // replay.
   double forward(const Batch& b, bool train) override {
     if (!train || !cuda_graphs) {
-      prepare(b, train);
-      return forward_pass<GpuOps>(pass(train));
+      prepare(b, false);
+      return forward_pass<GpuOps>(pass(train, false));
     }
-    prepare(rounded_up(b, m.cfg.max_len), train);
+    prepare(rounded_up(b, m.cfg.max_len), true);
     Graphs& g = graphs_of_shape();
     ++g.forwards;
     double loss = 0;
-    return replay(&g.forward, g.forwards > 1, [&] { loss = forward_pass<GpuOps>(pass(true)); }) ? gpu::last_loss() : loss;
+    return replay(&g.forward, g.forwards > 1, [&] { loss = forward_pass<GpuOps>(pass(true, true)); }) ? gpu::last_loss() : loss;
   }
   void backward(const Batch& b, bool train) override {
     const bool graphed = train && cuda_graphs;
     if (b.B != B || (graphed ? rounded_length(b.S, m.cfg.max_len) : b.S) != S || (graphed ? rounded_length(b.T, m.cfg.max_len) : b.T) != Tl)
       throw std::logic_error("backward of another batch than the last forward");
-    if (!graphed) return backward_pass<GpuOps>(pass(train));
+    if (!graphed) return backward_pass<GpuOps>(pass(train, false));
     Graphs& g = graphs_of_shape();
-    replay(&g.backward, g.forwards > 1, [&] { backward_pass<GpuOps>(pass(true)); });
+    replay(&g.backward, g.forwards > 1, [&] { backward_pass<GpuOps>(pass(true, true)); });
   }
   void zero_grad() override { gpu::fill(grads, 0, n); }
   void scale_grads(double factor) override { GpuOps::scale_grads(grads, n, factor); }
@@ -2994,15 +2996,15 @@ class GpuModel : public DeviceModel {
     }
     return r;
   }
-  // The graphs of one batch shape and step position (micro: its dropout sites differ), made the second
-  // time the shape comes (the first runs op by op: its scratch buffers are allocated then).
+  // The graphs of one batch shape, made the second time the shape comes (the first runs op by op: its
+  // scratch buffers are allocated then), whatever the batch's place in the step (micro, read with the step).
   struct Graphs {
     int forwards = 0;
     cudaGraphExec_t forward = nullptr, backward = nullptr;
   };
   Graphs& graphs_of_shape() {
     if (graphs_epoch != gpu::graph_epoch() || graphs.size() > kMaxShapes) drop_graphs();
-    return graphs[{B, S, Tl, m.micro}];
+    return graphs[{B, S, Tl}];
   }
   void drop_graphs() {
     for (auto& [shape, g] : graphs)
@@ -3022,9 +3024,9 @@ class GpuModel : public DeviceModel {
     CUDA_CHECK(cudaGraphLaunch(*exec, gpu::stream()));
     return true;
   }
-  // Carves the activation arena for the batch's shape and uploads its tokens and masks, and in training the
-  // step's dropout stream.
-  void prepare(const Batch& b, bool train) {
+  // Carves the activation arena for the batch's shape and uploads its tokens and masks, and for a graphed
+  // training pass the batch's part of the dropout keys (dropout_step).
+  void prepare(const Batch& b, bool graphed) {
     validate_batch(m.cfg, b);
     prepare_activations(acts, m.cfg, b, [&](size_t need) {
       if (need > arena_size) {
@@ -3057,9 +3059,9 @@ class GpuModel : public DeviceModel {
     std::copy(acts.tgt_valid.begin(), acts.tgt_valid.end(), staged_valid + ns);
     CUDA_CHECK(cudaMemcpyAsync(ids, staged_ids, (ns + 2 * nt) * sizeof(int), cudaMemcpyHostToDevice, gpu::stream()));
     CUDA_CHECK(cudaMemcpyAsync(valid, staged_valid, ns + nt, cudaMemcpyHostToDevice, gpu::stream()));
-    if (train) {
-      *staged_step = dropout_step_stream(m.seed, m.step);
-      CUDA_CHECK(cudaMemcpyAsync(step_stream, staged_step, sizeof(uint64_t), cudaMemcpyHostToDevice, gpu::stream()));
+    if (graphed) {
+      *staged_step = DropoutStep{dropout_step_stream(m.seed, m.step), dropout_micro_site(m.micro)};
+      CUDA_CHECK(cudaMemcpyAsync(dropout_step, staged_step, sizeof(DropoutStep), cudaMemcpyHostToDevice, gpu::stream()));
     }
     CUDA_CHECK(cudaEventRecord(uploaded, gpu::stream()));
     B = b.B, S = b.S, Tl = b.T;
@@ -3068,14 +3070,15 @@ class GpuModel : public DeviceModel {
   DecodingModel<float> decoding_model() {
     return {m.cfg, W, [this](const Batch& b) {
               prepare(b, false);
-              encoder_forward<GpuOps>(pass(false));
+              encoder_forward<GpuOps>(pass(false, false));
               return (const float*)acts.enc.out;
             }};
   }
-  Pass<float> pass(bool train) {
+  // graphed: the dropout keys read (step, micro) from device memory (dropout_step), as a graph's replay needs
+  Pass<float> pass(bool train, bool graphed) {
     const size_t ns = (size_t)B * S, nt = (size_t)B * Tl;
     return Pass<float>{m.cfg, W, G, acts, ids, ids + ns, ids + ns + nt, valid, valid + ns, B, S, Tl, m.seed, m.step, m.micro, train,
-                       train ? step_stream : nullptr};
+                       graphed ? dropout_step : nullptr};
   }
   static constexpr size_t kMaxShapes = 256;  // graphs kept at most; beyond, all are dropped and made again
   Transformer<float>& m;
@@ -3090,13 +3093,13 @@ class GpuModel : public DeviceModel {
   int* staged_ids = nullptr;          // their pinned host copies, from which they are uploaded
   uint8_t* staged_valid = nullptr;
   cudaEvent_t uploaded = nullptr;     // recorded after the uploads
-  uint64_t* step_stream = nullptr;    // the step's dropout stream (dropout_step_stream), on the device
-  uint64_t* staged_step = nullptr;    // and its pinned host copy
+  DropoutStep* dropout_step = nullptr;  // the batch's part of the dropout keys, on the device
+  DropoutStep* staged_step = nullptr;   // and its pinned host copy
   gpu::AdamStep* adam_step = nullptr;     // Adam's rate and bias corrections for the step, on the device
   gpu::AdamStep* staged_adam = nullptr;   // and their pinned host copy
   cudaEvent_t updated = nullptr;          // recorded after each update
   int B = 0, S = 0, Tl = 0;   // the shape of the last forward
-  std::map<std::array<int, 4>, Graphs> graphs;  // by (B, S, T, micro)
+  std::map<std::array<int, 3>, Graphs> graphs;  // by (B, S, T)
   cudaGraphExec_t update_graph = nullptr;       // the update's, made at the second update
   long updates = 0;
   size_t graphs_epoch = 0;                      // gpu::graph_epoch() when they were made

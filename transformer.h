@@ -123,13 +123,19 @@ inline HOST_DEVICE uint64_t mix64(uint64_t z) {
 }
 
 // ---- dropout: masks from a counter-based hash, reproducible anywhere ----------------------------------
+// What changes from one forward to the next in a dropout key, kept in device memory for CUDA graphs: the
+// step's part of the hash (dropout_step_stream) and the batch's part of the site (its index in the step).
+struct DropoutStep {
+  uint64_t stream = 0;
+  uint32_t micro_site = 0;
+};
 struct DropoutKey {
   uint64_t stream = 0;  // hash of (seed, step, site); element i is kept when hash(stream, i) >= p
   double p = 0;         // drop probability; 0 disables the site
-  // A step replayed from a CUDA graph keeps the key it was captured with: the step's part of the hash is
-  // then read from device memory when set (step_stream: dropout_step_stream of the step), and the kernel
-  // makes stream = hash(*step_stream, site) itself (gpu's at_step).
-  const uint64_t* step_stream = nullptr;
+  // A step replayed from a CUDA graph keeps the key it was captured with, so when `step` is set, the
+  // kernel makes stream = hash(step->stream, site + step->micro_site) itself (gpu's at_step); site is
+  // then the site's id in the step's first batch.
+  const DropoutStep* step = nullptr;
   uint32_t site = 0;
 };
 inline HOST_DEVICE uint64_t dropout_step_stream(uint64_t seed, long step) { return mix64(mix64(seed) ^ (uint64_t)step); }

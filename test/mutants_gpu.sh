@@ -27,7 +27,8 @@ mutants=(
   "race on a shared array (attention backward's dL/ds read before all are written)|if (threadIdx.x == 0) rowdot[i] = r;\n    __syncthreads();|if (threadIdx.x == 0) rowdot[i] = r;"
   "stale bf16 copy of the parameters (Adam's pass leaves it)|    if (copy) copy[i] = __float2bfloat16(params[i]);\n|"
   "a product's two bf16 operands rounded into one scratch buffer (project_backward)|d, O, operand(w, (size_t)I * O, kRight), O,|d, O, operand(w, (size_t)I * O, kLeft), O,"
-  "a CUDA graph that replays its capture's dropout masks (the step not read from device memory)|train ? step_stream : nullptr};|nullptr};"
+  "a CUDA graph that replays its capture's dropout masks (the step not read from device memory)|graphed ? dropout_step : nullptr};|nullptr};"
+  "a CUDA graph that replays its capture's batch place in the step (micro not read from device memory)|key.site + key.step->micro_site);|key.site);"
   "a CUDA graph of the update that replays its capture's Adam step (staged only while captured)|*staged_adam = gpu::adam_step(lr, c.beta1, c.beta2, m.step);\n    const auto work = [&] {\n|const auto work = [&] {\n      *staged_adam = gpu::adam_step(lr, c.beta1, c.beta2, m.step);\n"
 )
 
