@@ -865,32 +865,35 @@ inline cudaError_t cudaFreeHost(void* p) {
 }
 
 namespace emu {
-// A copy's checks (its direction, and that its device side lies inside one allocation) and the copy, run
-// when its stream gets to it; a check failing then, after the call was accepted, is a device error.
+// A copy's and a memset's checks (a copy's direction; that the device side lies inside one allocation),
+// made when called; then the copy or memset, which makes them again when its stream gets to it (an
+// allocation may have gone since): a check failing then, after the call was accepted, is a device error.
+inline bool to_device(cudaMemcpyKind kind) { return kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice; }
+inline bool from_device(cudaMemcpyKind kind) { return kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice; }
 inline cudaError_t check_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, const char* call) {
   State& s = state();
   if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) return fail(cudaErrorInvalidMemcpyDirection, format("%s: kind %d", call, (int)kind));
   std::string why;
-  const bool to_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
-  const bool from_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
-  if (bytes && to_device && !inside(s.device_allocations, dst, bytes, &why)) return fail(cudaErrorInvalidValue, std::string(call) + " destination: " + why);
-  if (bytes && from_device && !inside(s.device_allocations, src, bytes, &why)) return fail(cudaErrorInvalidValue, std::string(call) + " source: " + why);
+  if (bytes && to_device(kind) && !inside(s.device_allocations, dst, bytes, &why)) return fail(cudaErrorInvalidValue, std::string(call) + " destination: " + why);
+  if (bytes && from_device(kind) && !inside(s.device_allocations, src, bytes, &why)) return fail(cudaErrorInvalidValue, std::string(call) + " source: " + why);
+  return cudaSuccess;
+}
+inline cudaError_t check_set(void* p, size_t bytes, const char* call) {
+  std::string why;
+  if (bytes && !inside(state().device_allocations, p, bytes, &why)) return fail(cudaErrorInvalidValue, std::string(call) + ": " + why);
   return cudaSuccess;
 }
 inline void copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, const char* call) {
   State& s = state();
   if (s.sticky_error != cudaSuccess || bytes == 0) return;
   if (check_copy(dst, src, bytes, kind, call) != cudaSuccess) return (void)fail_sticky(s.detail_of[s.last_error]);
-  const bool to_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
-  const bool from_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
-  if (to_device || from_device) ++(!from_device ? s.counts.to_device : !to_device ? s.counts.to_host : s.counts.on_device);
+  if (to_device(kind) || from_device(kind)) ++(!from_device(kind) ? s.counts.to_device : !to_device(kind) ? s.counts.to_host : s.counts.on_device);
   std::memcpy(dst, src, bytes);
 }
-inline void set(void* p, int value, size_t bytes) {
+inline void set(void* p, int value, size_t bytes, const char* call) {
   State& s = state();
   if (s.sticky_error != cudaSuccess) return;
-  std::string why;
-  if (bytes && !inside(s.device_allocations, p, bytes, &why)) return (void)fail_sticky("cudaMemsetAsync: " + why);
+  if (check_set(p, bytes, call) != cudaSuccess) return (void)fail_sticky(s.detail_of[s.last_error]);
   ++s.counts.memsets;
   std::memset(p, value, bytes);
 }
@@ -902,7 +905,7 @@ inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemc
   if (s.sticky_error != cudaSuccess) return s.sticky_error;
   if (s.capturing) return emu::refuse_in_capture("cudaMemcpy");
   if (const cudaError_t e = emu::check_copy(dst, src, bytes, kind, "cudaMemcpy")) return e;
-  emu::copy(dst, src, bytes, kind, "cudaMemcpy");
+  emu::copy(dst, src, bytes, kind, "cudaMemcpy");  // checks again: cheap, and one path for both kinds of call
   return cudaSuccess;
 }
 inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream = nullptr) {
@@ -917,18 +920,16 @@ inline cudaError_t cudaMemset(void* p, int value, size_t bytes) {
   emu::State& s = emu::state();
   if (s.sticky_error != cudaSuccess) return s.sticky_error;
   if (s.capturing) return emu::refuse_in_capture("cudaMemset");
-  std::string why;
-  if (bytes && !emu::inside(s.device_allocations, p, bytes, &why)) return emu::fail(cudaErrorInvalidValue, "cudaMemset: " + why);
-  emu::set(p, value, bytes);
+  if (const cudaError_t e = emu::check_set(p, bytes, "cudaMemset")) return e;
+  emu::set(p, value, bytes, "cudaMemset");
   return cudaSuccess;
 }
 inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream = nullptr) {
   emu::State& s = emu::state();
   if (s.sticky_error != cudaSuccess) return s.sticky_error;
-  std::string why;
-  if (bytes && !emu::inside(s.device_allocations, p, bytes, &why)) return emu::fail(cudaErrorInvalidValue, "cudaMemsetAsync: " + why);
+  if (const cudaError_t e = emu::check_set(p, bytes, "cudaMemsetAsync")) return e;
   if (!emu::may_queue("cudaMemsetAsync", stream)) return s.last_error;
-  emu::queue(stream, [=] { emu::set(p, value, bytes); });
+  emu::queue(stream, [=] { emu::set(p, value, bytes, "cudaMemsetAsync"); });
   return cudaSuccess;
 }
 inline cudaError_t cudaDeviceSynchronize() { return emu::state().capturing ? emu::refuse_in_capture("cudaDeviceSynchronize") : emu_status(); }

@@ -16,6 +16,7 @@
 #include <limits>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
 #include <type_traits>
 #include <utility>
@@ -1297,11 +1298,19 @@ double accumulate_gradients(Transformer<T>& m, const std::vector<const Batch*>& 
   zero_grad(m);
   double loss = 0;
   long last = 0;
+  size_t final = 0;  // the last batch with target tokens
+  for (size_t i = 0; i < batches.size(); ++i)
+    if (batches[i]->target_tokens()) final = i;
   for (size_t i = 0; i < batches.size(); ++i) {
     const long n = batches[i]->target_tokens();
     if (n == 0) continue;
     m.micro = micro[i];
-    loss += transformer_forward(m, *batches[i], true) * ((double)n / tokens);  // n / tokens is 1 exactly for one batch
+    if (!m.device) loss += transformer_forward(m, *batches[i], true) * ((double)n / tokens);  // n / tokens is 1 exactly for one batch
+    else {  // the losses summed on the device and read once, after the last forward: the host then queues the
+            // last backward and the update while the GPU runs them
+      m.device->forward_in_step(*batches[i]);
+      if (i == final) loss = m.device->step_loss_sum() / tokens;
+    }
     if (last) scale_gradients(m, (double)last / n);
     transformer_backward(m, *batches[i], true);
     last = n;
@@ -2750,10 +2759,12 @@ double label_smoothed_xent_forward(float* lse, const float* logits, const int* t
   return last_loss();
 }
 double last_loss() {
-  double sums[2];  // the one read-back of a step: the loss summed over real tokens, and their count
+  double sums[2];  // the loss summed over real tokens, and their count
   CUDA_CHECK(cudaMemcpy(sums, scalar(kLossSum), sizeof sums, cudaMemcpyDeviceToHost));
   return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
 }
+__global__ void add_step_loss_kernel(double* step_sum, const double* loss_sum) { *step_sum += *loss_sum; }
+void add_step_loss(double* step_sum) { LAUNCH(add_step_loss_kernel, 1, 1, 0, step_sum, scalar(kLossSum)); }
 
 void label_smoothed_xent_backward(float* dlogits, const float* logits, const float* lse, const int* targets, int M, int V,
                                   double eps, LabelSmoothing form, int pad) {
@@ -2902,6 +2913,8 @@ class GpuModel : public DeviceModel {
     gpu::keep_bf16_copy(params, n);  // read by the products in bf16 precision, kept current by Adam
     dropout_step = (DropoutStep*)gpu::alloc_bytes(sizeof(DropoutStep));
     adam_step = (gpu::AdamStep*)gpu::alloc_bytes(sizeof(gpu::AdamStep));
+    step_loss = (double*)gpu::alloc_bytes(sizeof(double));
+    CUDA_CHECK(cudaMemset(step_loss, 0, sizeof(double)));
     CUDA_CHECK(cudaMallocHost(&staged_step, sizeof(DropoutStep)));
     CUDA_CHECK(cudaMallocHost(&staged_adam, sizeof(gpu::AdamStep)));
     for (cudaEvent_t* e : {&uploaded, &updated}) CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
@@ -2913,7 +2926,7 @@ class GpuModel : public DeviceModel {
     }
     drop_graphs();
     for (void* p : {(void*)params, (void*)grads, (void*)adam_m, (void*)adam_v, (void*)arena, (void*)ids, (void*)valid, (void*)dropout_step,
-                    (void*)adam_step})
+                    (void*)adam_step, (void*)step_loss})
       cudaFree(p);
     for (void* p : {(void*)staged_ids, (void*)staged_valid, (void*)staged_step, (void*)staged_adam}) cudaFreeHost(p);
     cudaEventDestroy(uploaded), cudaEventDestroy(updated);
@@ -2926,11 +2939,21 @@ class GpuModel : public DeviceModel {
       prepare(b, false);
       return forward_pass<GpuOps>(pass(train, false));
     }
-    prepare(rounded_up(b, m.cfg.max_len), true);
-    Graphs& g = graphs_of_shape();
-    ++g.forwards;
-    double loss = 0;
-    return replay(&g.forward, g.forwards > 1, [&] { loss = forward_pass<GpuOps>(pass(true, true)); }) ? gpu::last_loss() : loss;
+    graphed_forward(b);
+    return gpu::last_loss();
+  }
+  // A step's batch (accumulate_gradients): its loss, summed over its target tokens, is added to the step's
+  // on the device (step_loss), which is read once, after the step's last batch (step_loss_sum).
+  void forward_in_step(const Batch& b) override {
+    if (cuda_graphs) return graphed_forward(b);
+    prepare(b, false);
+    forward_pass<GpuOps>(pass(true, false));
+    gpu::add_step_loss(step_loss);
+  }
+  double step_loss_sum() override {
+    double sum = 0;  // the step's one read from the device
+    CUDA_CHECK(cudaMemcpy(&sum, step_loss, sizeof sum, cudaMemcpyDeviceToHost));
+    return sum;
   }
   void backward(const Batch& b, bool train) override {
     const bool graphed = train && cuda_graphs;
@@ -2940,7 +2963,10 @@ class GpuModel : public DeviceModel {
     Graphs& g = graphs_of_shape();
     replay(&g.backward, g.forwards > 1, [&] { backward_pass<GpuOps>(pass(true, true)); });
   }
-  void zero_grad() override { gpu::fill(grads, 0, n); }
+  void zero_grad() override {  // a step begins: its gradients and its summed loss are zeroed
+    gpu::fill(grads, 0, n);
+    CUDA_CHECK(cudaMemsetAsync(step_loss, 0, sizeof(double), gpu::stream()));
+  }
   void scale_grads(double factor) override { GpuOps::scale_grads(grads, n, factor); }
   float* grads_data() override { return grads; }
   // [§5.3] optimizer_step on the device, replayed from one CUDA graph (set_cuda_graphs) from the second
@@ -2981,11 +3007,11 @@ class GpuModel : public DeviceModel {
 
  private:
   // The batch with its lengths rounded up to a multiple of 8 (at most max_len), padded: fewer shapes, so
-  // fewer graphs. Padding changes no real token's result (masks); dropout masks are laid out by position,
-  // so they fall differently than at the batch's own shape.
+  // fewer graphs; none when they need no rounding. Padding changes no real token's result (masks); dropout
+  // masks are laid out by position, so they fall differently than at the batch's own shape.
   static int rounded_length(int L, int max_len) { return std::max(L, std::min((L + 7) / 8 * 8, max_len)); }
-  static Batch rounded_up(const Batch& b, int max_len) {
-    if (rounded_length(b.S, max_len) == b.S && rounded_length(b.T, max_len) == b.T) return b;
+  static std::optional<Batch> rounded_up(const Batch& b, int max_len) {
+    if (rounded_length(b.S, max_len) == b.S && rounded_length(b.T, max_len) == b.T) return std::nullopt;
     Batch r;
     r.B = b.B, r.S = rounded_length(b.S, max_len), r.T = rounded_length(b.T, max_len);
     r.src.assign((size_t)r.B * r.S, kPadId), r.tgt_in.assign((size_t)r.B * r.T, kPadId), r.tgt_out.assign((size_t)r.B * r.T, kPadId);
@@ -3002,6 +3028,18 @@ class GpuModel : public DeviceModel {
     int forwards = 0;
     cudaGraphExec_t forward = nullptr, backward = nullptr;
   };
+  // Training's forward at the batch's rounded shape, from its shape's graph, which also adds the batch's
+  // summed loss to the step's.
+  void graphed_forward(const Batch& b) {
+    const std::optional<Batch> padded = rounded_up(b, m.cfg.max_len);
+    prepare(padded ? *padded : b, true);
+    Graphs& g = graphs_of_shape();
+    ++g.forwards;
+    replay(&g.forward, g.forwards > 1, [&] {
+      forward_pass<GpuOps>(pass(true, true));
+      gpu::add_step_loss(step_loss);
+    });
+  }
   Graphs& graphs_of_shape() {
     if (graphs_epoch != gpu::graph_epoch() || graphs.size() > kMaxShapes) drop_graphs();
     return graphs[{B, S, Tl}];
@@ -3098,6 +3136,7 @@ class GpuModel : public DeviceModel {
   gpu::AdamStep* adam_step = nullptr;     // Adam's rate and bias corrections for the step, on the device
   gpu::AdamStep* staged_adam = nullptr;   // and their pinned host copy
   cudaEvent_t updated = nullptr;          // recorded after each update
+  double* step_loss = nullptr;            // the step's loss so far, summed over its target tokens, on the device
   int B = 0, S = 0, Tl = 0;   // the shape of the last forward
   std::map<std::array<int, 3>, Graphs> graphs;  // by (B, S, T)
   cudaGraphExec_t update_graph = nullptr;       // the update's, made at the second update

@@ -215,6 +215,10 @@ struct Hypothesis {
 struct DeviceModel {
   virtual ~DeviceModel() = default;
   virtual double forward(const Batch& batch, bool train) = 0;
+  // accumulate_gradients' forward of a step's batch: its loss summed over its target tokens is added to the
+  // step's on the device, which step_loss_sum reads (once a step); zero_grad zeroes it
+  virtual void forward_in_step(const Batch& batch) = 0;
+  virtual double step_loss_sum() = 0;
   virtual void backward(const Batch& batch, bool train) = 0;
   virtual void zero_grad() = 0;
   virtual void scale_grads(double factor) = 0;
@@ -602,6 +606,7 @@ void output_projection_backward(float* dy, float* demb, const float* dlogits, co
 double label_smoothed_xent_forward(float* lse, const float* logits, const int* targets, int M, int V, double eps,
                                    LabelSmoothing form, int pad);
 double last_loss();  // the mean loss the last label_smoothed_xent_forward computed (one read from the device)
+void add_step_loss(double* step_sum);  // *step_sum (device) += that loss summed over its tokens (nothing read)
 void label_smoothed_xent_backward(float* dlogits, const float* logits, const float* lse, const int* targets, int M, int V,
                                   double eps, LabelSmoothing form, int pad);
 // Adam's step t, read by its kernel from device memory (a CUDA graph of the update serves every step): the

@@ -528,8 +528,9 @@ int main() {
       const bool replayed = n.graph_launches == 2 * steps[k].size() + 1;  // every forward and backward, and the update
       if (replayed) {
         const size_t host_kernels = kernels - n.graph_kernels;  // launches the host made itself
-        std::printf("  %-44s %zu graph launches of %zu nodes; %zu kernels launched by the host\n",
-                    ("CUDA graphs: step " + std::to_string(k + 1)).c_str(), n.graph_launches, n.graph_nodes, host_kernels);
+        std::printf("  %-44s %zu graph launches of %zu nodes; %zu kernels launched by the host, %zu reads\n",
+                    ("CUDA graphs: step " + std::to_string(k + 1)).c_str(), n.graph_launches, n.graph_nodes, host_kernels, n.to_host);
+        ck.expect(n.to_host == 1, "CUDA graphs: step %zu read from the device %zu times (once: the step's loss)", k + 1, n.to_host);
         // zero_grad's fill; with two batches, the accumulation's scaling (twice)
         ck.expect(host_kernels == (steps[k].size() == 1 ? 1u : 3u), "CUDA graphs: step %zu launched %zu kernels itself besides its graphs", k + 1,
                   host_kernels);
@@ -583,6 +584,13 @@ int main() {
     }
     std::printf("  %-44s loss %.7g vs %.7g, gradients max rel err %.3g (tol %.0e)\n", "CUDA graphs: rounded-up shape vs CPU", lg, lc,
                 worst_grad, kTol);
+    // a step of two batches: the GPU sums their losses on the device and reads the step's once
+    const std::vector<const Batch*> two = {&small, &large};
+    const long tokens = small.target_tokens() + large.target_tokens();
+    for (int k = 0; k < 3; ++k)  // run op by op, captured, replayed
+      lc = accumulate_gradients(on_cpu, two, {0, 1}, tokens), lg = accumulate_gradients(on_gpu, two, {0, 1}, tokens);
+    std::printf("  %-44s loss %.7g vs %.7g (tol %.0e)\n", "CUDA graphs: a step of two batches vs CPU", lg, lc, kTol);
+    ck.close(lg, lc, kTol, kTol * kFloor, "CUDA graphs: the loss of a step of two batches, summed on the device");
   }
   // The rest compares the GPU with the CPU at the batch's own shape: op by op.
   set_cuda_graphs(false);
