@@ -1298,9 +1298,9 @@ double accumulate_gradients(Transformer<T>& m, const std::vector<const Batch*>& 
   zero_grad(m);
   double loss = 0;
   long last = 0;
-  size_t final = 0;  // the last batch with target tokens
+  size_t final_batch = 0;  // the last with target tokens
   for (size_t i = 0; i < batches.size(); ++i)
-    if (batches[i]->target_tokens()) final = i;
+    if (batches[i]->target_tokens()) final_batch = i;
   for (size_t i = 0; i < batches.size(); ++i) {
     const long n = batches[i]->target_tokens();
     if (n == 0) continue;
@@ -1309,7 +1309,7 @@ double accumulate_gradients(Transformer<T>& m, const std::vector<const Batch*>& 
     else {  // the losses summed on the device and read once, after the last forward: the host then queues the
             // last backward and the update while the GPU runs them
       m.device->forward_in_step(*batches[i]);
-      if (i == final) loss = m.device->step_loss_sum() / tokens;
+      if (i == final_batch) loss = m.device->step_loss_sum() / tokens;
     }
     if (last) scale_gradients(m, (double)last / n);
     transformer_backward(m, *batches[i], true);

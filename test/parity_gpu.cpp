@@ -503,7 +503,8 @@ int main() {
                                                           {&large}, {&large}, {&small, &large}, {&small, &large}, {&small, &large}};
     double worst = 0;
 #ifdef TRANSFORMER_EMULATED_GPU
-    size_t replayed_steps = 0, replayed_clipped = 0;  // ... and among them, those whose gradients were clipped  // steps whose every forward and backward was a graph launch
+    size_t replayed_steps = 0;    // steps whose every forward, backward and update was a graph launch
+    size_t replayed_clipped = 0;  // ... and among them, those whose gradients were clipped
     const bool same_bits = emu::state().order != emu::Order::shuffle;
 #else
     const bool same_bits = false;
