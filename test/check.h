@@ -1,9 +1,12 @@
 // Shared by every test program: counts checks, keeps the worst error next to its tolerance, and turns
 // any failure into a non-zero exit. A test that checks nothing fails too.
+// CHECK_FAIL_FAST=1 in the environment ends the program at its first failed check (exit 1): the mutation
+// check (test/mutants_gpu.sh) needs one finding per mutant, not the rest of the run.
 #pragma once
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 struct Checker {
@@ -15,6 +18,14 @@ struct Checker {
 
   explicit Checker(std::string n) : name(std::move(n)) {}
 
+  static bool fail_fast() {
+    static const bool on = [] {
+      const char* v = std::getenv("CHECK_FAIL_FAST");
+      return v && *v && std::string(v) != "0";
+    }();
+    return on;
+  }
+
   // A yes/no property; `fmt` describes it and is printed on failure.
   bool expect(bool ok, const char* fmt, ...) __attribute__((format(printf, 3, 4))) {
     ++checks;
@@ -25,8 +36,13 @@ struct Checker {
       va_start(ap, fmt);
       std::vsnprintf(msg, sizeof msg, fmt, ap);
       va_end(ap);
+      std::fflush(stdout);  // a log of both streams then has this line whole, after what came before
       std::fprintf(stderr, "FAIL %s: %s\n", name.c_str(), msg);
       if (first_failure.empty()) first_failure = msg;
+      if (fail_fast()) {
+        std::fflush(nullptr);
+        std::_Exit(1);
+      }
     }
     return ok;
   }

@@ -3,10 +3,11 @@
 # GPU (cuda_emulator.h, with ASan and UBSan) and shows that the suite fails on each: the emulator and the
 # parity test together must catch every bug of this list. Run by `make mutants` (CI does).
 #   a mutant is caught when parity_gpu exits non-zero under the inorder or the reverse thread order
-#   (a failed check, an emulator finding, a sanitizer report); it survives when both pass.
-# The unmutated build must pass first (a control), and each mutant's original text must occur exactly once
-# in transformer.cu, so that the check cannot pass by mutating nothing. Exits non-zero if anything
-# survives or cannot be planted.
+#   (a failed check, an emulator finding, a sanitizer report); it survives when both pass. parity_gpu runs
+#   with CHECK_FAIL_FAST=1 (test/check.h): it stops at its first failed check, as that catches the mutant.
+# Mutants are built and run one a core. The unmutated build must pass (a control, run beside the first
+# mutants), and each mutant's original text must occur exactly once in transformer.cu, so that the check
+# cannot pass by mutating nothing. Exits non-zero if anything survives or cannot be planted.
 # Usage: mutants_gpu.sh CXX "EMU_CXXFLAGS" "EMU_LDLIBS" "OBJECTS"   (the Makefile passes its own; OBJECTS are
 # the emulated build's objects but transformer.o, and parity_gpu.o)
 set -u
@@ -57,12 +58,14 @@ PY
 run() {
   local dir="$work/$1" order
   for order in inorder reverse; do
-    if ! OMP_WAIT_POLICY=passive CUDA_EMULATOR_ORDER=$order CUDA_EMULATOR_TIMEOUT=120 timeout 600 "$dir/parity_gpu" > "$dir/$order.log" 2>&1; then
+    local rc=0
+    CHECK_FAIL_FAST=1 OMP_WAIT_POLICY=passive CUDA_EMULATOR_ORDER=$order CUDA_EMULATOR_TIMEOUT=120 timeout 600 "$dir/parity_gpu" > "$dir/$order.log" 2>&1 || rc=$?
+    if [ $rc -ne 0 ]; then
       local why="" pattern
       for pattern in "^FAIL" "^cuda_emulator: kernel" "SUMMARY: " "what\(\)" "runtime error"; do  # the first finding that explains it
         [ -z "$why" ] && why="$(grep -m1 -E "$pattern" "$dir/$order.log" | cut -c1-160)"
       done
-      echo "caught ($order order): ${why:-exit non-zero}"
+      echo "caught ($order order): ${why:-exit $rc}"
       return 0
     fi
   done
@@ -72,27 +75,35 @@ run() {
 
 start=$SECONDS
 status=0
+cores=$(getconf _NPROCESSORS_ONLN)  # the emulated GPU runs a kernel's threads on one core: one job a core
 mkdir -p "$work/control" && cp build/emu/test/parity_gpu "$work/control/"  # make emu's build of the unmutated source
-control="$(run control)"
-if [ "$control" != "survived" ]; then echo "mutants_gpu: the unmutated parity_gpu fails: $control"; exit 2; fi
-echo "control (no mutation): parity_gpu passes under inorder and reverse"
-i=0
-for m in "${mutants[@]}"; do  # built two at a time: the machines have two cores
-  i=$((i + 1))
-  IFS='|' read -r name orig new <<< "$m"
-  (build "m$i" "$orig" "$new"; echo $? > "$work/m$i.built") &
-  if [ $((i % 2)) -eq 0 ] || [ $i -eq ${#mutants[@]} ]; then wait; fi
-done
+(run control > "$work/control.result") &  # the control runs beside the first mutants; judged before them
+running=1
 i=0
 for m in "${mutants[@]}"; do
   i=$((i + 1))
   IFS='|' read -r name orig new <<< "$m"
-  if [ "$(cat "$work/m$i.built")" != 0 ]; then
-    printf '%-80s NOT PLANTED: %s\n' "$name" "$(tail -3 "$work/m$i/build.log" 2>/dev/null | tr '\n' ' ')"
+  if [ $running -ge "$cores" ]; then wait -n; running=$((running - 1)); fi
+  (t0=$SECONDS
+   if build "m$i" "$orig" "$new"; then result="$(run "m$i")"; else result="NOT PLANTED"; fi
+   echo "$result ($((SECONDS - t0)) s)" > "$work/m$i.result") &
+  running=$((running + 1))
+done
+wait
+control="$(cat "$work/control.result")"
+if [ "$control" != "survived" ]; then echo "mutants_gpu: the unmutated parity_gpu fails: $control"; exit 2; fi
+echo "control (no mutation): parity_gpu passes under inorder and reverse"
+i=0
+for m in "${mutants[@]}"; do
+  i=$((i + 1))
+  IFS='|' read -r name orig new <<< "$m"
+  result="$(cat "$work/m$i.result")"
+  if [[ "$result" == "NOT PLANTED"* ]]; then
+    result="NOT PLANTED: $(tail -3 "$work/m$i/build.log" 2>/dev/null | tr '\n' ' ')"
     status=1
-    continue
+  elif [[ "$result" == "survived"* ]]; then
+    status=1
   fi
-  result="$(run "m$i")" || status=1
   printf '%-80s %s\n' "$name" "$result"
 done
 echo "mutants_gpu: ${#mutants[@]} mutants, $([ $status -eq 0 ] && echo "all caught" || echo "NOT all caught"), $((SECONDS - start)) s"
