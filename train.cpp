@@ -892,6 +892,25 @@ int main(int argc, char** argv) {
       fail("the ranks hold different parameters at step " + std::to_string(m.step) + ": training stopped");
   };
   check_same_parameters();
+  // Each step's loss. On a GPU (one process) it stays on the device until something needs it: a log row, a
+  // validation, the progress line, a checkpoint, the stop, or kLossRing unread steps. Then every unread
+  // step's is read in one copy (step_loss_sums) and checked in order, so a NaN is still named by its step,
+  // and found before a checkpoint could keep it. Elsewhere each step's loss is read and checked at once.
+  const bool defer_loss = m.device && ranks.size == 1;
+  std::vector<std::pair<long, long>> unread;  // (step, its target tokens)
+  double loss = NAN;                          // the last step's, once read
+  auto check_loss = [&](long step, double x) {
+    if (std::isfinite(x)) return;
+    if (tty) std::fprintf(stderr, "\n");
+    fail("the loss is " + (std::isnan(x) ? std::string("NaN") : std::to_string(x)) + " at step " + std::to_string(step) + ": training stopped; the last good checkpoint (" +
+         (last_good.empty() ? "none written in this run" : last_good) + ") is kept. Try a lower --lr-scale or a longer --warmup");
+  };
+  auto read_losses = [&]() {
+    if (unread.empty()) return;
+    const std::vector<double> sums = m.device->step_loss_sums(unread.front().first, (long)unread.size());
+    for (size_t i = 0; i < unread.size(); ++i) check_loss(unread[i].first, loss = sums[i] / unread[i].second);
+    unread.clear();
+  };
 
   std::ofstream batches_out;
   if (!o.batches_out.empty() && ranks.rank == 0) {
@@ -916,14 +935,12 @@ int main(int argc, char** argv) {
       }
       std::vector<const Batch*> mine_ptrs;
       for (const Batch& b : mine) mine_ptrs.push_back(&b);
-      const double loss = ranks.sum(accumulate_gradients(m, mine_ptrs, micro, tokens), "the loss", m.step + 1);
-      if (!std::isfinite(loss)) {
-        if (tty) std::fprintf(stderr, "\n");
-        fail("the loss is " + (std::isnan(loss) ? std::string("NaN") : std::to_string(loss)) + " at step " + std::to_string(m.step + 1) + ": training stopped; the last good checkpoint (" +
-             (last_good.empty() ? "none written in this run" : last_good) + ") is kept. Try a lower --lr-scale or a longer --warmup");
-      }
+      const double share = accumulate_gradients(m, mine_ptrs, micro, tokens, !defer_loss);
+      if (!defer_loss) check_loss(m.step + 1, loss = ranks.sum(share, "the loss", m.step + 1));
       ranks.sum_gradients(gradient_data(m), m.params.size(), (bool)m.device, m.step + 1);
       const double lr = transformer_update(m);
+      if (defer_loss) unread.push_back({m.step, tokens});
+      if ((long)unread.size() == kLossRing) read_losses();
       st.batch += count;
       st.tokens += tokens;
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -933,19 +950,25 @@ int main(int argc, char** argv) {
       }
       window_tokens += tokens, window_seconds += dt;
       log_tokens += tokens, log_seconds += dt;
-      LogRow row{m.step, st.epoch + (double)st.batch / batches.size(), loss, lr, log_tokens / log_seconds, NAN, NAN, NAN};
+      LogRow row{m.step, st.epoch + (double)st.batch / batches.size(), NAN, lr, log_tokens / log_seconds, NAN, NAN, NAN};
       const bool epoch_end = st.batch == (long)batches.size();
-      if (ranks.rank == 0 && (o.val_every > 0 ? m.step % o.val_every == 0 : epoch_end)) validate(row);
+      if (ranks.rank == 0 && (o.val_every > 0 ? m.step % o.val_every == 0 : epoch_end)) {
+        read_losses();  // no validation of a model whose loss went NaN
+        validate(row);
+      }
       if (m.step % o.log_every == 0 || !std::isnan(row.val_loss)) {
+        read_losses();
+        row.loss = loss;
         rows.push_back(row);
         log_tokens = log_seconds = 0;
       }
       if (epoch_end) st.epoch += 1, st.batch = 0;
       if (m.step % o.check_every == 0) check_same_parameters();
       reason = stop_reason();
-      // progress: in place on a terminal, a plain line every 10 s otherwise
+      // progress: in place on a terminal (at most 10 a second), a plain line every 10 s otherwise
       const auto now = std::chrono::steady_clock::now();
-      if (!o.quiet && (tty || now - last_print > std::chrono::seconds(10) || !reason.empty())) {
+      if (!o.quiet && (now - last_print > (tty ? std::chrono::milliseconds(100) : std::chrono::seconds(10)) || !reason.empty())) {
+        read_losses();
         const double el = elapsed();
         double eta = (step_limit - m.step) * (el - elapsed0) / std::max(1L, m.step - first_step);
         if (o.time_limit > 0) eta = std::min(eta, o.time_limit - el);
@@ -957,6 +980,7 @@ int main(int argc, char** argv) {
       const bool checkpoint_due = o.checkpoint_minutes > 0 ? std::chrono::duration<double>(now - last_checkpoint).count() > o.checkpoint_minutes * 60
                                                            : epoch_end;
       if (ranks.rank == 0 && checkpoint_due && reason.empty()) {
+        read_losses();
         st.elapsed = elapsed();
         last_good = save_checkpoint(o.out, m, tok.hash(), st, o.keep, last_good);
         write_log();
@@ -964,6 +988,7 @@ int main(int argc, char** argv) {
       }
     }
   }
+  read_losses();
   if (tty) std::fprintf(stderr, "\n");
   check_same_parameters();
   if (ranks.rank != 0) return 0;

@@ -1294,7 +1294,7 @@ template <typename T> T* gradient_data(Transformer<T>& m) {
 // numbers as a step without accumulation.
 template <typename T>
 double accumulate_gradients(Transformer<T>& m, const std::vector<const Batch*>& batches, const std::vector<int>& micro,
-                            long tokens) {
+                            long tokens, bool read_loss) {
   zero_grad(m);
   double loss = 0;
   long last = 0;
@@ -1306,10 +1306,10 @@ double accumulate_gradients(Transformer<T>& m, const std::vector<const Batch*>& 
     if (n == 0) continue;
     m.micro = micro[i];
     if (!m.device) loss += transformer_forward(m, *batches[i], true) * ((double)n / tokens);  // n / tokens is 1 exactly for one batch
-    else {  // the losses summed on the device and read once, after the last forward: the host then queues the
-            // last backward and the update while the GPU runs them
+    else {  // the losses summed on the device and read once, after the last forward (or later, from the ring
+            // of losses, step_loss_sums): the host then queues the last backward and the update while the GPU runs them
       m.device->forward_in_step(*batches[i]);
-      if (i == final_batch) loss = m.device->step_loss_sum() / tokens;
+      if (i == final_batch && read_loss) loss = m.device->step_loss_sum() / tokens;
     }
     if (last) scale_gradients(m, (double)last / n);
     transformer_backward(m, *batches[i], true);
@@ -1317,7 +1317,7 @@ double accumulate_gradients(Transformer<T>& m, const std::vector<const Batch*>& 
   }
   m.micro = 0;
   if (last && last != tokens) scale_gradients(m, (double)last / tokens);
-  return loss;
+  return m.device && !read_loss ? NAN : loss;
 }
 
 template <typename T> double transformer_update(Transformer<T>& m) {
@@ -2765,6 +2765,12 @@ double last_loss() {
 }
 __global__ void add_step_loss_kernel(double* step_sum, const double* loss_sum) { *step_sum += *loss_sum; }
 void add_step_loss(double* step_sum) { LAUNCH(add_step_loss_kernel, 1, 1, 0, step_sum, scalar(kLossSum)); }
+__global__ void keep_step_loss_kernel(double* ring, const double* step_sum, const AdamStep* step) {
+  ring[step->t % kLossRing] = *step_sum;
+}
+void keep_step_loss(double* ring, const double* step_sum, const AdamStep* step) {
+  LAUNCH(keep_step_loss_kernel, 1, 1, 0, ring, step_sum, step);
+}
 
 void label_smoothed_xent_backward(float* dlogits, const float* logits, const float* lse, const int* targets, int M, int V,
                                   double eps, LabelSmoothing form, int pad) {
@@ -2793,7 +2799,7 @@ __global__ void adam_kernel(float* params, bf16* copy, const float* grads, float
   }
 }
 AdamStep adam_step(double lr, double beta1, double beta2, long t) {
-  return {lr, 1 - std::pow(beta1, (double)t), 1 - std::pow(beta2, (double)t)};  // as cpu::adam_update
+  return {lr, 1 - std::pow(beta1, (double)t), 1 - std::pow(beta2, (double)t), t};  // as cpu::adam_update
 }
 void adam_update(float* params, const float* grads, float* m, float* v, size_t n, const AdamStep* step, double beta1, double beta2,
                  double eps) {
@@ -2914,6 +2920,8 @@ class GpuModel : public DeviceModel {
     dropout_step = (DropoutStep*)gpu::alloc_bytes(sizeof(DropoutStep));
     adam_step = (gpu::AdamStep*)gpu::alloc_bytes(sizeof(gpu::AdamStep));
     step_loss = (double*)gpu::alloc_bytes(sizeof(double));
+    loss_ring = (double*)gpu::alloc_bytes(kLossRing * sizeof(double));
+    CUDA_CHECK(cudaMemset(loss_ring, 0xff, kLossRing * sizeof(double)));  // NaN: no step kept yet
     CUDA_CHECK(cudaMemset(step_loss, 0, sizeof(double)));
     CUDA_CHECK(cudaMallocHost(&staged_step, sizeof(DropoutStep)));
     CUDA_CHECK(cudaMallocHost(&staged_adam, sizeof(gpu::AdamStep)));
@@ -2926,7 +2934,7 @@ class GpuModel : public DeviceModel {
     }
     drop_graphs();
     for (void* p : {(void*)params, (void*)grads, (void*)adam_m, (void*)adam_v, (void*)arena, (void*)ids, (void*)valid, (void*)dropout_step,
-                    (void*)adam_step, (void*)step_loss})
+                    (void*)adam_step, (void*)step_loss, (void*)loss_ring})
       cudaFree(p);
     for (void* p : {(void*)staged_ids, (void*)staged_valid, (void*)staged_step, (void*)staged_adam}) cudaFreeHost(p);
     cudaEventDestroy(uploaded), cudaEventDestroy(updated);
@@ -2955,6 +2963,15 @@ class GpuModel : public DeviceModel {
     CUDA_CHECK(cudaMemcpy(&sum, step_loss, sizeof sum, cudaMemcpyDeviceToHost));
     return sum;
   }
+  std::vector<double> step_loss_sums(long first, long count) override {
+    if (count < 0 || first < 1 || first + kLossRing <= m.step || first + count - 1 > m.step)  // each kept, none overwritten
+      throw std::logic_error("step_loss_sums: steps " + std::to_string(first) + " + " + std::to_string(count) + " are not among the last " +
+                             std::to_string(kLossRing) + " of " + std::to_string(m.step));
+    std::vector<double> ring(kLossRing), sums;
+    CUDA_CHECK(cudaMemcpy(ring.data(), loss_ring, kLossRing * sizeof(double), cudaMemcpyDeviceToHost));  // one read
+    for (long t = first; t < first + count; ++t) sums.push_back(ring[t % kLossRing]);
+    return sums;
+  }
   void backward(const Batch& b, bool train) override {
     const bool graphed = train && cuda_graphs;
     if (b.B != B || (graphed ? rounded_length(b.S, m.cfg.max_len) : b.S) != S || (graphed ? rounded_length(b.T, m.cfg.max_len) : b.T) != Tl)
@@ -2971,7 +2988,8 @@ class GpuModel : public DeviceModel {
   float* grads_data() override { return grads; }
   // [§5.3] optimizer_step on the device, replayed from one CUDA graph (set_cuda_graphs) from the second
   // update on: the step's rate and bias corrections are copied from pinned memory as it runs, and
-  // clipping decides on the device, so the update reads nothing back.
+  // clipping decides on the device, so the update reads nothing back. It keeps the step's summed loss in
+  // the ring (step_loss_sums).
   void update(double lr) override {
     const Config& c = m.cfg;
     CUDA_CHECK(cudaEventSynchronize(updated));  // the last update has copied the staged step
@@ -2980,10 +2998,11 @@ class GpuModel : public DeviceModel {
       CUDA_CHECK(cudaMemcpyAsync(adam_step, staged_adam, sizeof(gpu::AdamStep), cudaMemcpyHostToDevice, gpu::stream()));
       if (c.clip_norm > 0) gpu::clip_grad_norm(grads, n, c.clip_norm);  // [DEVIATION] the paper has none
       gpu::adam_update(params, grads, adam_m, adam_v, n, adam_step, c.beta1, c.beta2, c.adam_eps);
+      gpu::keep_step_loss(loss_ring, step_loss, adam_step);
     };
     if (!cuda_graphs) work();
     else {
-      if (graphs_epoch != gpu::graph_epoch()) drop_graphs();
+      drop_stale_graphs();
       replay(&update_graph, ++updates > 1, work);
     }
     CUDA_CHECK(cudaEventRecord(updated, gpu::stream()));
@@ -3041,8 +3060,13 @@ class GpuModel : public DeviceModel {
     });
   }
   Graphs& graphs_of_shape() {
-    if (graphs_epoch != gpu::graph_epoch() || graphs.size() > kMaxShapes) drop_graphs();
+    drop_stale_graphs();
+    if (graphs.size() > kMaxShapes) drop_graphs();
     return graphs[{B, S, Tl}];
+  }
+  // A graph made before a buffer it reads moved (gpu::graph_epoch) would read the old one
+  void drop_stale_graphs() {
+    if (graphs_epoch != gpu::graph_epoch()) drop_graphs();
   }
   void drop_graphs() {
     for (auto& [shape, g] : graphs)
@@ -3137,6 +3161,7 @@ class GpuModel : public DeviceModel {
   gpu::AdamStep* staged_adam = nullptr;   // and their pinned host copy
   cudaEvent_t updated = nullptr;          // recorded after each update
   double* step_loss = nullptr;            // the step's loss so far, summed over its target tokens, on the device
+  double* loss_ring = nullptr;            // the last kLossRing steps' summed losses, by step (keep_step_loss)
   int B = 0, S = 0, Tl = 0;   // the shape of the last forward
   std::map<std::array<int, 3>, Graphs> graphs;  // by (B, S, T)
   cudaGraphExec_t update_graph = nullptr;       // the update's, made at the second update

@@ -212,6 +212,7 @@ struct Hypothesis {
 // A model's state on an accelerator (the GPU section of transformer.cu implements it): the parameters,
 // gradients and Adam state as single device buffers, and a device activation arena. While a model has
 // one, transformer_forward, transformer_backward, zero_grad, transformer_update and decoding run there.
+constexpr long kLossRing = 64;  // steps whose losses a device keeps (step_loss_sums)
 struct DeviceModel {
   virtual ~DeviceModel() = default;
   virtual double forward(const Batch& batch, bool train) = 0;
@@ -219,6 +220,9 @@ struct DeviceModel {
   // step's on the device, which step_loss_sum reads (once a step); zero_grad zeroes it
   virtual void forward_in_step(const Batch& batch) = 0;
   virtual double step_loss_sum() = 0;
+  // The summed losses of steps first .. first + count - 1, in one read: the update keeps each step's in a
+  // ring of the last kLossRing steps, so that training can read them when it needs them, not every step
+  virtual std::vector<double> step_loss_sums(long first, long count) = 0;
   virtual void backward(const Batch& batch, bool train) = 0;
   virtual void zero_grad() = 0;
   virtual void scale_grads(double factor) = 0;
@@ -263,10 +267,11 @@ template <typename T> double transformer_update(Transformer<T>& m);
 // divided by `tokens` (the target tokens of the whole step, every rank's batches included), so that K
 // batches of n tokens give the gradient of one batch of K*n. micro[i] is batch i's index in the step (its
 // dropout masks). Returns the batches' share of the step's loss: their summed loss over `tokens` (a step of
-// one batch: its mean loss, to the bit).
+// one batch: its mean loss, to the bit). On a device, read_loss false reads nothing and returns NaN: the
+// loss stays there until step_loss_sums reads it (summed, not yet over `tokens`).
 template <typename T>
 double accumulate_gradients(Transformer<T>& m, const std::vector<const Batch*>& batches, const std::vector<int>& micro,
-                            long tokens);
+                            long tokens, bool read_loss = true);
 // m.grads, where they live: the host buffer, or the device's while the model is on one (for an all-reduce)
 template <typename T> T* gradient_data(Transformer<T>& m);
 template <typename T> void scale_gradients(Transformer<T>& m, double factor);
@@ -613,11 +618,14 @@ void label_smoothed_xent_backward(float* dlogits, const float* logits, const flo
 // rate (Eq. 3) and the bias corrections 1 - beta1^t and 1 - beta2^t.
 struct AdamStep {
   double lr, c1, c2;
+  long t;  // the step, which also names its slot in the ring of losses (keep_step_loss)
 };
 AdamStep adam_step(double lr, double beta1, double beta2, long t);
 void adam_update(float* params, const float* grads, float* m, float* v, size_t n, const AdamStep* step, double beta1, double beta2,
                  double eps);
 void clip_grad_norm(float* grads, size_t n, double max_norm);  // the decision made on the device: nothing is read back
+// ring[t % kLossRing] = *step_sum, with t read from the step (device memory): the update keeps its step's loss
+void keep_step_loss(double* ring, const double* step_sum, const AdamStep* step);
 void scale_grads(float* grads, size_t n, double factor);
 void log_softmax(float* out, const float* logits, int M, int V);
 void copy_rows(float* dst, size_t dst_stride, const float* src, size_t src_stride, const int* index, int rows, size_t width);

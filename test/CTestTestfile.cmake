@@ -40,6 +40,8 @@ set_tests_properties(cuda_emulator parity_gpu_emulated PROPERTIES ENVIRONMENT "O
 set_tests_properties(parity_gpu_emulated_reverse PROPERTIES ENVIRONMENT "OMP_WAIT_POLICY=passive;CUDA_EMULATOR_ORDER=reverse" LABELS emulated)
 add_test(gpu_counts bash "${ROOT}/test/gpu_counts.sh" "${ROOT}")
 set_tests_properties(gpu_counts PROPERTIES ENVIRONMENT "OMP_WAIT_POLICY=passive" LABELS emulated)
+add_test(loss_reads bash "${ROOT}/test/loss_reads.sh" "${ROOT}")
+set_tests_properties(loss_reads PROPERTIES LABELS emulated)
 set_tests_properties(parity_gpu_emulated_shuffle PROPERTIES ENVIRONMENT "OMP_WAIT_POLICY=passive;CUDA_EMULATOR_ORDER=shuffle;CUDA_EMULATOR_SEED=7" LABELS emulated)
 add_test(sanitize_gpu bash "${ROOT}/test/sanitize_gpu.sh" "${BIN}")
 set_tests_properties(parity_gpu sanitize_gpu PROPERTIES SKIP_RETURN_CODE 77 LABELS gpu)

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -489,7 +490,9 @@ int main() {
   // op-by-op model gets the batches padded as the graph step rounds them up (lengths to a multiple of 8).
   // Every dropout is on and the step changes each time: a graph that kept its capture's step would differ.
   // The update is a graph too (from the second step on), with clipping on: some steps' gradients are
-  // clipped, some not, which the graph decides on the device.
+  // clipped, some not, which the graph decides on the device. Every other step leaves its loss on the
+  // device (as ./train does on a GPU): the update keeps it in the ring of losses, and one read after the
+  // last step gives all 11, each against the op-by-op loss.
   {
     Config c = config_preset("tiny");
     c.N = 2, c.D = 12, c.F = 20, c.H = 3, c.V = 37, c.max_len = 24, c.p_attn = 0.1, c.p_relu = 0.1, c.warmup = 4;
@@ -509,7 +512,10 @@ int main() {
 #else
     const bool same_bits = false;
 #endif
+    std::vector<double> op_losses;
+    std::vector<long> step_tokens;
     for (size_t k = 0; k < steps.size(); ++k) {
+      const bool deferred = k % 2 == 1;  // its loss is read with the others after the last step
       std::vector<Batch> shaped;
       std::vector<const Batch*> shaped_ptrs;
       std::vector<int> micro;
@@ -520,7 +526,7 @@ int main() {
       emu::reset_counts();
 #endif
       set_cuda_graphs(true);
-      const double lg = accumulate_gradients(graphed, steps[k], micro, tokens);
+      const double lg = accumulate_gradients(graphed, steps[k], micro, tokens, !deferred);
       transformer_update(graphed);
 #ifdef TRANSFORMER_EMULATED_GPU
       const emu::Counts& n = emu::counts();
@@ -531,7 +537,8 @@ int main() {
         const size_t host_kernels = kernels - n.graph_kernels;  // launches the host made itself
         std::printf("  %-44s %zu graph launches of %zu nodes; %zu kernels launched by the host, %zu reads\n",
                     ("CUDA graphs: step " + std::to_string(k + 1)).c_str(), n.graph_launches, n.graph_nodes, host_kernels, n.to_host);
-        ck.expect(n.to_host == 1, "CUDA graphs: step %zu read from the device %zu times (once: the step's loss)", k + 1, n.to_host);
+        ck.expect(n.to_host == (deferred ? 0u : 1u), "CUDA graphs: step %zu read from the device %zu times (%s)", k + 1, n.to_host,
+                  deferred ? "never: its loss stays there" : "once: the step's loss");
         // zero_grad's fill; with two batches, the accumulation's scaling (twice)
         ck.expect(host_kernels == (steps[k].size() == 1 ? 1u : 3u), "CUDA graphs: step %zu launched %zu kernels itself besides its graphs", k + 1,
                   host_kernels);
@@ -546,9 +553,34 @@ int main() {
       }
 #endif
       transformer_update(op_by_op);
+      op_losses.push_back(lo), step_tokens.push_back(tokens);
+      ck.expect(deferred == std::isnan(lg), "CUDA graphs: step %zu returned the loss %g (NaN when it stays on the device)", k + 1, lg);
+      if (deferred) continue;
       if (same_bits) ck.expect(lg == lo, "CUDA graphs: step %zu's loss %.17g, op by op %.17g", k + 1, lg, lo);
       else ck.close(lg, lo, kTol, kTol * kFloor, ("CUDA graphs: step " + std::to_string(k + 1) + "'s loss against op by op").c_str());
       worst = std::fmax(worst, std::fabs(lg - lo));
+    }
+#ifdef TRANSFORMER_EMULATED_GPU
+    emu::reset_counts();
+#endif
+    const std::vector<double> kept = graphed.device->step_loss_sums(1, (long)steps.size());  // every step's, read now
+#ifdef TRANSFORMER_EMULATED_GPU
+    ck.expect(emu::counts().to_host == 1, "CUDA graphs: the ring of losses took %zu reads (one)", emu::counts().to_host);
+#endif
+    for (size_t k = 0; k < steps.size(); ++k) {
+      const double lg = kept[k] / step_tokens[k], lo = op_losses[k];
+      if (same_bits) ck.expect(lg == lo, "CUDA graphs: step %zu's loss kept on the device %.17g, op by op %.17g", k + 1, lg, lo);
+      else ck.close(lg, lo, kTol, kTol * kFloor, ("CUDA graphs: step " + std::to_string(k + 1) + "'s kept loss against op by op").c_str());
+      worst = std::fmax(worst, std::fabs(lg - lo));
+    }
+    for (const auto& [first, count] : {std::pair<long, long>{0, 2}, {11, 2}}) {  // step 0 was never taken, step 12 not yet
+      bool refused = false;
+      try {
+        graphed.device->step_loss_sums(first, count);
+      } catch (const std::logic_error&) {
+        refused = true;
+      }
+      ck.expect(refused, "CUDA graphs: the ring of losses gave steps %ld to %ld", first, first + count - 1);
     }
     transformer_download(graphed), transformer_download(op_by_op);
     size_t differ = 0;
