@@ -209,10 +209,10 @@ struct Hypothesis {
 };
 
 // ---- the model ---------------------------------------------------------------------------------------
+constexpr long kLossRing = 64;  // steps whose losses a device keeps (DeviceModel::step_loss_sums)
 // A model's state on an accelerator (the GPU section of transformer.cu implements it): the parameters,
 // gradients and Adam state as single device buffers, and a device activation arena. While a model has
 // one, transformer_forward, transformer_backward, zero_grad, transformer_update and decoding run there.
-constexpr long kLossRing = 64;  // steps whose losses a device keeps (step_loss_sums)
 struct DeviceModel {
   virtual ~DeviceModel() = default;
   virtual double forward(const Batch& batch, bool train) = 0;
