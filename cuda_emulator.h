@@ -29,8 +29,6 @@
 // cudaErrorLaunchFailure, and cudaGetErrorString gives the emulator's one-line finding.
 // CUDA_EMULATOR_DRY_RUN=1 checks and counts launches and cuBLAS calls (emu::counts()) without running them:
 // what a step asks of the GPU at full size in seconds (copies and memsets still run; results are garbage).
-// CUDA_EMULATOR_REPORT=1 prints the process's counts to stderr when it exits (std::exit or main's return):
-// kernels launched, graph launches, copies each way; a test of a whole program (./train) reads them.
 // What it cannot show (NOTES.md, "The emulated GPU"): timing, occupancy, code that relies on a warp's
 // lockstep without a sync, races between blocks, memory ordering, nvcc's FMA contraction and fast math.
 #pragma once
@@ -289,7 +287,6 @@ struct State {
   std::mt19937_64 rng;
   unsigned timeout = 300;
   bool dry_run = false;
-  bool report = false;
   // stream capture (cudaStreamBeginCapture): the stream whose work is recorded, not run; the nodes so far;
   // and why the capture is invalidated (empty while it is valid)
   cudaStream_t capturing = nullptr;
@@ -311,15 +308,6 @@ struct State {
     if (const char* t = std::getenv("CUDA_EMULATOR_TIMEOUT")) timeout = (unsigned)std::strtoul(t, nullptr, 10);
     const char* dry = std::getenv("CUDA_EMULATOR_DRY_RUN");
     dry_run = dry && std::string(dry) == "1";
-    const char* rep = std::getenv("CUDA_EMULATOR_REPORT");
-    report = rep && std::string(rep) == "1";
-  }
-  ~State() {
-    if (!report) return;
-    size_t kernels = 0;
-    for (const auto& [name, n] : counts.launches) kernels += n;
-    std::fprintf(stderr, "cuda_emulator: at exit: %zu kernels, %zu graph launches, %zu copies to the device, %zu reads to the host\n", kernels,
-                 counts.graph_launches, counts.to_device, counts.to_host);
   }
 };
 inline State& state() {

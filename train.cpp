@@ -892,13 +892,15 @@ int main(int argc, char** argv) {
       fail("the ranks hold different parameters at step " + std::to_string(m.step) + ": training stopped");
   };
   check_same_parameters();
-  // Each step's loss. On a GPU (one process) it stays on the device until something needs it: a log row, a
-  // validation, the progress line, a checkpoint, the stop, or kLossRing unread steps. Then every unread
-  // step's is read in one copy (step_loss_sums) and checked in order, so a NaN is still named by its step,
-  // and found before a checkpoint could keep it. Elsewhere each step's loss is read and checked at once.
+  // Each step's loss. On a GPU (one process) it stays on the device until something needs it: a validation,
+  // the progress line, a checkpoint (which writes log.csv), the stop, or kLossRing unread steps. Then every
+  // unread step's is read in one copy (step_loss_sums), checked in order, so a NaN is still named by its
+  // step and found before a checkpoint could keep it, and written into its log row. Elsewhere each step's
+  // loss is read and checked at once.
   const bool defer_loss = m.device && ranks.size == 1;
   std::vector<std::pair<long, long>> unread;  // (step, its target tokens)
   double loss = NAN;                          // the last step's, once read
+  long loss_reads = 0, steps_run = 0;         // reported at the stop
   auto check_loss = [&](long step, double x) {
     if (std::isfinite(x)) return;
     if (tty) std::fprintf(stderr, "\n");
@@ -908,7 +910,10 @@ int main(int argc, char** argv) {
   auto read_losses = [&]() {
     if (unread.empty()) return;
     const std::vector<double> sums = m.device->step_loss_sums(unread.front().first, (long)unread.size());
+    ++loss_reads;
     for (size_t i = 0; i < unread.size(); ++i) check_loss(unread[i].first, loss = sums[i] / unread[i].second);
+    for (auto r = rows.rbegin(); r != rows.rend() && r->step >= unread.front().first; ++r)  // the rows that wait for theirs
+      r->loss = sums[r->step - unread.front().first] / unread[r->step - unread.front().first].second;
     unread.clear();
   };
 
@@ -940,6 +945,7 @@ int main(int argc, char** argv) {
       ranks.sum_gradients(gradient_data(m), m.params.size(), (bool)m.device, m.step + 1);
       const double lr = transformer_update(m);
       if (defer_loss) unread.push_back({m.step, tokens});
+      ++steps_run;
       if ((long)unread.size() == kLossRing) read_losses();
       st.batch += count;
       st.tokens += tokens;
@@ -957,8 +963,7 @@ int main(int argc, char** argv) {
         validate(row);
       }
       if (m.step % o.log_every == 0 || !std::isnan(row.val_loss)) {
-        read_losses();
-        row.loss = loss;
+        row.loss = unread.empty() ? loss : NAN;  // NaN while the step's loss is unread: read_losses fills it in
         rows.push_back(row);
         log_tokens = log_seconds = 0;
       }
@@ -995,6 +1000,9 @@ int main(int argc, char** argv) {
   st.elapsed = elapsed();
   std::printf("stopped: %s at step %ld (epoch %.2f) after %s\n", reason.c_str(), m.step, st.epoch + (double)st.batch / batches.size(),
               clock_text(st.elapsed).c_str());
+  if (defer_loss)
+    std::printf("losses: %ld steps' read from the GPU in %ld reads (when a validation, the progress line, a checkpoint or the stop "
+                "needed them)\n", steps_run, loss_reads);
   last_good = save_checkpoint(o.out, m, tok.hash(), st, o.keep, last_good);
   if (!interrupted && (rows.empty() || std::isnan(rows.back().val_loss))) {  // the final figures on the validation split
     LogRow row{m.step, st.epoch + (double)st.batch / batches.size(), NAN, NAN, NAN, NAN, NAN, NAN};
