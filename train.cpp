@@ -1001,8 +1001,8 @@ int main(int argc, char** argv) {
   std::printf("stopped: %s at step %ld (epoch %.2f) after %s\n", reason.c_str(), m.step, st.epoch + (double)st.batch / batches.size(),
               clock_text(st.elapsed).c_str());
   if (defer_loss)
-    std::printf("losses: %ld steps' read from the GPU in %ld reads (when a validation, the progress line, a checkpoint or the stop "
-                "needed them)\n", steps_run, loss_reads);
+    std::printf("losses: read from the GPU %ld time%s in %ld steps (when a validation, the progress line, a checkpoint or the stop "
+                "needed them)\n", loss_reads, loss_reads == 1 ? "" : "s", steps_run);
   last_good = save_checkpoint(o.out, m, tok.hash(), st, o.keep, last_good);
   if (!interrupted && (rows.empty() || std::isnan(rows.back().val_loss))) {  // the final figures on the validation split
     LogRow row{m.step, st.epoch + (double)st.batch / batches.size(), NAN, NAN, NAN, NAN, NAN, NAN};

@@ -23,17 +23,17 @@ export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
 tiny_corpus tiny 800
 common=(--data tiny --merges 10 --config tiny --layers 1 --d-model 16 --d-ff 32 --heads 2 --batch-tokens 64 --warmup 1000
         --val-sentences 1 --quiet --device cuda)
-# reads RUN: "STEPS READS", from the line ./train prints at the stop
-reads() { sed -n "s/^losses: \([0-9]*\) steps' read from the GPU in \([0-9]*\) reads.*/\1 \2/p" "$1.out"; }
+# reads RUN: "READS STEPS", from the line ./train prints at the stop
+reads() { sed -n 's/^losses: read from the GPU \([0-9]*\) times\? in \([0-9]*\) steps .*/\1 \2/p' "$1.out"; }
 
 "$emu" "${common[@]}" --max-steps 70 --out late > late.out 2> late.err
 check "70 steps, quiet ($(tail -1 late.out); $(head -1 late.err))" grep -q "at step 70" late.out
 check "no epoch ends in 70 steps" grep -q "^batches: 174 per epoch" late.out
-check "70 steps' losses read in 2 reads (got: $(reads late))" test "$(reads late)" = "70 2"
+check "70 steps' losses read in 2 reads (got: $(reads late))" test "$(reads late)" = "2 70"
 "$emu" "${common[@]}" --max-steps 10 --out short > short.out 2> short.err
-check "10 steps' losses read in 1 read (got: $(reads short))" test "$(reads short)" = "10 1"
+check "10 steps' losses read in 1 read (got: $(reads short))" test "$(reads short)" = "1 10"
 "$emu" "${common[@]}" --max-steps 70 --val-every 5 --out often > often.out 2> often.err
-check "with a validation every 5th step, 14 reads (got: $(reads often))" test "$(reads often)" = "70 14"
+check "with a validation every 5th step, 14 reads (got: $(reads often))" test "$(reads often)" = "14 70"
 # log.csv: step,epoch,loss,... (17 digits: the double's bits); the rows of the 70 steps, without the final
 # validation row
 losses() { awk -F, 'NR > 1 && !seen[$1]++ { print $1, $3 }' "$1/log.csv"; }
