@@ -2151,9 +2151,6 @@ __device__ float block_max(float x, float* shared) {
   return r;
 }
 constexpr int kRowThreads = 256;  // threads of the one-block-per-row kernels (block_sum assumes a power of 2)
-// An attention row's work is Lk scores and Dk outputs, 32-64 of each at Multi30k's lengths with D/H = 64:
-// its block has 64 threads (a power of 2 that divides kRowThreads), so that fewer of them sit idle.
-constexpr int kAttentionThreads = 64;
 
 // ---- bf16 operands (mixed precision): what the tensor cores read in bf16 precision ------------------
 // The parameters keep a bf16 copy (keep_bf16_copy), which adam_update rewrites in its pass; any other
@@ -2341,146 +2338,278 @@ void embedding_backward(float* demb, const float* dout, const int* ids, int B, i
   LAUNCH(embedding_backward_kernel, blocks_for(n), 256, 0, demb, dout, ids, D, n);
 }
 
-// The longest sentence the attention backward takes: its block keeps 3 x max(Lq, Lk) floats in the
-// dynamic shared memory a launch gets without raising the kernel's limit (48 KiB): 4096.
+// ---- [Eq. 1, §3.2.1] attention: one block per (sentence, head) and tile of 32 queries or keys ----------
+// A block's 8 warps each take 4 of the tile's 32 rows; a lane takes one key (scores), one query (dK, dV)
+// or the head's columns d = lane + 32 t (weighted sums). Keys, values, queries and dctx rows pass through
+// shared memory a tile of 32 at a time, each row padded by one float so that a lane per row reads
+// distinct banks; the probabilities p (B, H, Lq, Lk) live in global memory, so any length works.
+constexpr int kAttentionTile = 32;  // rows of a tile: one per lane of a warp
+constexpr int kAttentionWarps = 8;
+constexpr int kAttentionThreads = kAttentionTile * kAttentionWarps;
+constexpr int kRowsPerWarp = kAttentionTile / kAttentionWarps;
+// Without raising a kernel's limit a launch gets 48 KiB of dynamic shared memory: three padded tiles and
+// 32 floats fit for a head dimension Dk = D / H up to 126 (the paper's 64). A lane keeps ceil(Dk / 32) sums.
 constexpr size_t kDefaultSharedBytes = 48 * 1024;
-constexpr int kMaxLenBackward = kDefaultSharedBytes / (3 * sizeof(float));
+constexpr int kMaxHeadDim = (int)((kDefaultSharedBytes / sizeof(float) - kAttentionTile) / (3 * kAttentionTile)) - 1;
+constexpr int kHeadDimSlots = (kMaxHeadDim + 31) / 32;
+size_t attention_shared_bytes(int Dk) { return (3 * (size_t)kAttentionTile * (Dk + 1) + kAttentionTile) * sizeof(float); }
 
-// ---- [Eq. 1, §3.2.1] attention: forward one block per (batch, head, query) row ----------------------
-// The row's scores live in p (global memory) while the softmax is formed, so any key length works.
-__global__ void attention_forward_kernel(float* ctx, float* p, const float* q, const float* k, const float* v,
-                                         const uint8_t* key_valid, bool causal, DropoutKey drop, int H, int Lq, int Lk,
-                                         int D) {
+__device__ float warp_sum(float x) {
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+__device__ float warp_max(float x) {
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+// Rows first .. first + 31 of x's head h ((B, L, D) rows, columns h Dk ..) into a padded tile; zeros past L.
+__device__ void load_head_tile(float* tile, const float* x, int b, int h, int L, int first, int D, int Dk) {
+  for (int e = threadIdx.x; e < kAttentionTile * Dk; e += blockDim.x) {
+    const int r = e / Dk, d = e % Dk;
+    tile[r * (Dk + 1) + d] = first + r < L ? x[((size_t)b * L + first + r) * D + h * Dk + d] : 0.f;
+  }
+}
+
+// Forward: grid (B H, query tiles). Scores s_ij = q_i . k_j / sqrt(Dk) go to p, then each warp turns its
+// rows into softmax rows in place (a lane rereads only what it wrote), then ctx_i = sum_j p'_ij v_j.
+// kSlots = ceil(Dk / 32): the head's columns a lane sums (a template argument, so that the sums stay in
+// registers and no lane loops over columns a smaller head does not have).
+template <int kSlots>
+__global__ void __launch_bounds__(kAttentionThreads, 4)  // 4 blocks an SM: at most 64 registers a thread
+    attention_forward_kernel(float* ctx, float* p, const float* q, const float* k, const float* v, const uint8_t* key_valid,
+                             bool causal, DropoutKey drop, int H, int Lq, int Lk, int D) {
   drop = at_step(drop);
   // BEGIN SOLUTION task=attention_kernel points=5
-  __shared__ float red[kRowThreads];
-  const int i = blockIdx.x % Lq, h = (blockIdx.x / Lq) % H, b = blockIdx.x / (Lq * H), Dk = D / H;
-  const float scale = rsqrtf((float)Dk), keep_scale = (float)(1.0 / (1.0 - drop.p));
-  const size_t row = (size_t)blockIdx.x * Lk;
-  float* pr = p + row;
-  const float* qi = q + ((size_t)b * Lq + i) * D + h * Dk;
-  auto visible = [&](int j) { return key_valid[(size_t)b * Lk + j] && (!causal || j <= i); };
-  float mx = -INFINITY;
-  for (int j = threadIdx.x; j < Lk; j += blockDim.x) {
-    if (!visible(j)) continue;
-    const float* kj = k + ((size_t)b * Lk + j) * D + h * Dk;
-    float s = 0;
-    for (int d = 0; d < Dk; ++d) s += qi[d] * kj[d];
-    pr[j] = s * scale;
-    mx = fmaxf(mx, pr[j]);
-  }
-  mx = block_max(mx, red);
-  float sum = 0;
-  for (int j = threadIdx.x; j < Lk; j += blockDim.x) {
-    pr[j] = visible(j) ? expf(pr[j] - mx) : 0.f;
-    sum += pr[j];
-  }
-  sum = block_sum(sum, red);
-  for (int j = threadIdx.x; j < Lk; j += blockDim.x)
-    if (sum > 0) pr[j] /= sum;  // a row with no visible key stays all zero, as on the CPU
-  __syncthreads();
-  float* ci = ctx + ((size_t)b * Lq + i) * D + h * Dk;
-  for (int d = threadIdx.x; d < Dk; d += blockDim.x) {
-    float c = 0;
-    for (int j = 0; j < Lk; ++j) {
-      float wgt = pr[j];
-      if (drop.p > 0) wgt = dropout_keeps(drop, row + j) ? wgt * keep_scale : 0.f;
-      if (wgt != 0) c += wgt * v[((size_t)b * Lk + j) * D + h * Dk + d];
+  const int b = blockIdx.x / H, h = blockIdx.x % H, Dk = D / H, ld = Dk + 1, i0 = blockIdx.y * kAttentionTile;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  float* qs = dynamic_shared<float>();  // (32, ld): the tile's queries
+  float* ks = qs + kAttentionTile * ld;  // (32, ld): a tile of keys
+  float* vs = ks + kAttentionTile * ld;  // (32, ld): a tile of values
+  const float scale = rsqrtf((float)Dk), keep_scale = (float)dropout_scale(drop);
+  auto visible = [&](int i, int j) { return key_valid[(size_t)b * Lk + j] && (!causal || j <= i); };
+  auto p_row = [&](int i) { return ((size_t)blockIdx.x * Lq + i) * Lk; };  // p's offset of row i
+  auto row_of = [&](int r) { return warp + r * kAttentionWarps; };          // the warp's r-th row of the tile
+  load_head_tile(qs, q, b, h, Lq, i0, D, Dk);
+  float mx[kRowsPerWarp];
+  for (int r = 0; r < kRowsPerWarp; ++r) mx[r] = -INFINITY;
+  for (int j0 = 0; j0 < Lk; j0 += kAttentionTile) {
+    load_head_tile(ks, k, b, h, Lk, j0, D, Dk);
+    __syncthreads();  // the key tile is loaded
+    float dot[kRowsPerWarp] = {};  // q_i . k_j for the warp's rows i and the lane's key j
+    for (int d = 0; d < Dk; ++d) {
+      const float kd = ks[lane * ld + d];
+      for (int r = 0; r < kRowsPerWarp; ++r) dot[r] += qs[row_of(r) * ld + d] * kd;
     }
-    ci[d] = c;
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      const int i = i0 + row_of(r), j = j0 + lane;
+      if (i >= Lq || j >= Lk || !visible(i, j)) continue;
+      const float s = dot[r] * scale;
+      p[p_row(i) + j] = s;
+      mx[r] = fmaxf(mx[r], s);
+    }
+    __syncthreads();  // before the next tile overwrites this one
+  }
+  for (int r = 0; r < kRowsPerWarp; ++r) {  // the softmax of each of the warp's rows
+    const int i = i0 + row_of(r);
+    if (i >= Lq) break;
+    float* pr = p + p_row(i);
+    const float m = warp_max(mx[r]);
+    float sum = 0;
+    for (int j = lane; j < Lk; j += 32) {
+      pr[j] = visible(i, j) ? expf(pr[j] - m) : 0.f;
+      sum += pr[j];
+    }
+    sum = warp_sum(sum);
+    for (int j = lane; j < Lk; j += 32)
+      if (sum > 0) pr[j] /= sum;  // a row with no visible key stays all zero, as on the CPU
+  }
+  float acc[kRowsPerWarp][kSlots] = {};
+  for (int j0 = 0; j0 < Lk; j0 += kAttentionTile) {
+    load_head_tile(vs, v, b, h, Lk, j0, D, Dk);
+    __syncthreads();  // the value tile is loaded
+    float w[kRowsPerWarp];  // p'_ij of the warp's rows i and the lane's key j: dropped out or scaled
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      const int i = i0 + row_of(r), j = j0 + lane;
+      w[r] = i < Lq && j < Lk ? p[p_row(i) + j] : 0.f;
+      if (drop.p > 0 && w[r] != 0) w[r] = dropout_keeps(drop, p_row(i) + j) ? w[r] * keep_scale : 0.f;
+    }
+    for (int jj = 0; jj < kAttentionTile; ++jj) {
+      float vj[kSlots];
+      for (int t = 0; t < kSlots; ++t) vj[t] = lane + 32 * t < Dk ? vs[jj * ld + lane + 32 * t] : 0.f;
+      for (int r = 0; r < kRowsPerWarp; ++r) {
+        const float wj = __shfl_sync(0xffffffffu, w[r], jj);
+        for (int t = 0; t < kSlots; ++t) acc[r][t] += wj * vj[t];
+      }
+    }
+    __syncthreads();  // before the next tile overwrites this one
+  }
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    const int i = i0 + row_of(r);
+    if (i >= Lq) break;
+    for (int t = 0; t < kSlots; ++t)
+      if (lane + 32 * t < Dk) ctx[((size_t)b * Lq + i) * D + h * Dk + lane + 32 * t] = acc[r][t];
   }
   // END SOLUTION
 }
 
-// Backward: one block per (batch, head), which owns the head's slices of dq, dk and dv, so nothing is
-// added atomically and a scratch that holds nothing yet is written, not zeroed first and added to (add:
-// false). It goes through the queries a row at a time, then the keys a column at a time; ds_ij is
-// formed twice (once for dq, once for dk) rather than kept for the whole (Lq, Lk) block. Dynamic shared
-// memory: rowdot (Lq), the column's p'_ij (Lq), and the row or column of ds (max(Lq, Lk)).
-__global__ void attention_backward_kernel(float* dq, float* dk, float* dv, const float* dctx, const float* p, const float* q,
-                                          const float* k, const float* v, DropoutKey drop, bool add, int H, int Lq, int Lk,
-                                          int D) {
+// dot[r] = (row row_of(r) of tile `rows`) . (row `lane` of tile `lanes`) over Dk columns, for a warp's rows
+__device__ void rows_dot_lanes(float (&dot)[kRowsPerWarp], const float* rows, const float* lanes, int Dk) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, ld = Dk + 1;
+  for (int r = 0; r < kRowsPerWarp; ++r) dot[r] = 0;
+  for (int d = 0; d < Dk; ++d) {
+    const float x = lanes[lane * ld + d];
+    for (int r = 0; r < kRowsPerWarp; ++r) dot[r] += rows[(warp + r * kAttentionWarps) * ld + d] * x;
+  }
+}
+
+// Backward: grid (B H, query tiles + key tiles), one launch. A query tile's block writes dq, a key tile's
+// dk and dv, so nothing is added atomically, and a scratch that holds nothing yet is written, not zeroed
+// first and added to (add: false). Both form dp_ij and ds_ij themselves; the row sum that ds needs,
+// sum_l p_il dp_il, equals dctx_i . ctx_i (ctx_i = sum_l p'_il v_l), so neither waits for the other.
+template <int kSlots>
+__global__ void __launch_bounds__(kAttentionThreads, 4)
+    attention_backward_kernel(float* dq, float* dk, float* dv, const float* dctx, const float* ctx, const float* p,
+                              const float* q, const float* k, const float* v, DropoutKey drop, bool add, int H, int Lq, int Lk,
+                              int D) {
   drop = at_step(drop);
-  float* rowdot = dynamic_shared<float>();
-  float* pk = rowdot + Lq;
-  float* ds = pk + Lq;
-  __shared__ float red[kAttentionThreads];
-  const int h = blockIdx.x % H, b = blockIdx.x / H, Dk = D / H;
+  const int b = blockIdx.x / H, h = blockIdx.x % H, Dk = D / H, ld = Dk + 1;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, query_tiles = (Lq + kAttentionTile - 1) / kAttentionTile;
+  float* t0 = dynamic_shared<float>();  // three (32, ld) tiles and 32 floats
+  float* t1 = t0 + kAttentionTile * ld;
+  float* t2 = t1 + kAttentionTile * ld;
+  float* rowdot = t2 + kAttentionTile * ld;
   const float scale = rsqrtf((float)Dk), keep_scale = (float)dropout_scale(drop);
-  const size_t first = (size_t)blockIdx.x * Lq * Lk;  // p (B, H, Lq, Lk): this head's (Lq, Lk) block
-  const float* P = p + first;
+  auto at = [&](int i, int j) { return ((size_t)blockIdx.x * Lq + i) * Lk + j; };  // p's offset of (i, j)
+  auto keep = [&](size_t ij) { return drop.p > 0 ? (dropout_keeps(drop, ij) ? keep_scale : 0.f) : 1.f; };
   auto head = [&](auto* x, int L, int r) { return x + ((size_t)b * L + r) * D + h * Dk; };  // row r's columns of head h
-  auto keep = [&](int i, int j) {
-    return drop.p > 0 ? (dropout_keeps(drop, first + (size_t)i * Lk + j) ? keep_scale : 0.f) : 1.f;
-  };
-  auto dctx_v = [&](int i, int j) {  // dctx_i . v_j: dL/dp_ij = keep_ij (dctx_i . v_j)
-    const float *c = head(dctx, Lq, i), *vj = head(v, Lk, j);
-    float s = 0;
-    for (int d = 0; d < Dk; ++d) s += c[d] * vj[d];
-    return s;
-  };
   auto put = [&](float* x, float value) { *x = add ? *x + value : value; };
+  auto row_of = [&](int r) { return warp + r * kAttentionWarps; };  // the warp's r-th row of a tile
   // forward was: ctx_i = sum_j p'_ij v_j (p'_ij = p_ij keep_ij), p_i = softmax(s_i), s_ij = scale q_i . k_j
-  // so now: ds_ij = p_ij (dp_ij - rowdot_i) with rowdot_i = sum_l p_il dp_il; dq_i = scale sum_j ds_ij k_j
-  for (int i = 0; i < Lq; ++i) {
-    const float* pr = P + (size_t)i * Lk;
-    float part = 0;
-    for (int j = threadIdx.x; j < Lk; j += blockDim.x) {
-      ds[j] = pr[j] == 0 ? 0.f : dctx_v(i, j) * keep(i, j);
-      part += ds[j] * pr[j];
-    }
-    const float r = block_sum(part, red);
-    for (int j = threadIdx.x; j < Lk; j += blockDim.x) ds[j] = pr[j] * (ds[j] - r);
-    if (threadIdx.x == 0) rowdot[i] = r;
+  // so now: dp_ij = keep_ij (dctx_i . v_j), ds_ij = p_ij (dp_ij - dctx_i . ctx_i)
+  // rowdot_of(tile, ii, i): dctx_i . ctx_i, by a warp, with dctx_i in row ii of a tile
+  auto rowdot_of = [&](const float* tile, int ii, int i) {
+    float s = 0;
+    for (int d = lane; d < Dk; d += 32) s += tile[ii * ld + d] * head(ctx, Lq, i)[d];
+    return warp_sum(s);
+  };
+  // x_t: the lane's column t of row r of a tile (0 past Dk)
+  auto column = [&](const float* tile, int r, int t) { return lane + 32 * t < Dk ? tile[r * ld + lane + 32 * t] : 0.f; };
+  float acc[kRowsPerWarp][kSlots] = {}, acc_v[kRowsPerWarp][kSlots] = {};
+  if ((int)blockIdx.y < query_tiles) {  // dq_i = scale sum_j ds_ij k_j for the tile's queries
+    const int i0 = blockIdx.y * kAttentionTile;
+    float *dcs = t0, *ks = t1, *vs = t2;
+    load_head_tile(dcs, dctx, b, h, Lq, i0, D, Dk);
     __syncthreads();
-    for (int d = threadIdx.x; d < Dk; d += blockDim.x) {
-      float s = 0;
-      for (int j = 0; j < Lk; ++j)
-        if (ds[j] != 0) s += ds[j] * head(k, Lk, j)[d];
-      put(head(dq, Lq, i) + d, s * scale);
-    }
-    __syncthreads();  // the next row rewrites ds
-  }
-  // and dk_j = scale sum_i ds_ij q_i, dv_j = sum_i p'_ij dctx_i
-  for (int j = 0; j < Lk; ++j) {
-    for (int i = threadIdx.x; i < Lq; i += blockDim.x) {
-      const float pij = P[(size_t)i * Lk + j], kij = pij == 0 ? 0.f : keep(i, j);
-      pk[i] = pij * kij;
-      ds[i] = pij == 0 ? 0.f : pij * (dctx_v(i, j) * kij - rowdot[i]);
-    }
-    __syncthreads();
-    for (int d = threadIdx.x; d < Dk; d += blockDim.x) {
-      float sk = 0, sv = 0;
-      for (int i = 0; i < Lq; ++i) {
-        if (ds[i] != 0) sk += ds[i] * head(q, Lq, i)[d];
-        if (pk[i] != 0) sv += pk[i] * head(dctx, Lq, i)[d];
+    float rd[kRowsPerWarp], ds[kRowsPerWarp];
+    for (int r = 0; r < kRowsPerWarp; ++r) rd[r] = i0 + row_of(r) < Lq ? rowdot_of(dcs, row_of(r), i0 + row_of(r)) : 0.f;
+    for (int j0 = 0; j0 < Lk; j0 += kAttentionTile) {
+      load_head_tile(ks, k, b, h, Lk, j0, D, Dk);
+      load_head_tile(vs, v, b, h, Lk, j0, D, Dk);
+      __syncthreads();
+      float dot[kRowsPerWarp];  // dctx_i . v_j for the warp's rows i and the lane's key j
+      rows_dot_lanes(dot, dcs, vs, Dk);
+      for (int r = 0; r < kRowsPerWarp; ++r) {
+        const int i = i0 + row_of(r), j = j0 + lane;
+        const float pij = i < Lq && j < Lk ? p[at(i, j)] : 0.f;
+        ds[r] = pij == 0 ? 0.f : pij * (dot[r] * keep(at(i, j)) - rd[r]);
       }
-      put(head(dk, Lk, j) + d, sk * scale);
-      put(head(dv, Lk, j) + d, sv);
+      for (int jj = 0; jj < kAttentionTile; ++jj) {
+        float kj[kSlots];
+        for (int t = 0; t < kSlots; ++t) kj[t] = column(ks, jj, t);
+        for (int r = 0; r < kRowsPerWarp; ++r) {
+          const float dsj = __shfl_sync(0xffffffffu, ds[r], jj);
+          for (int t = 0; t < kSlots; ++t) acc[r][t] += dsj * kj[t];
+        }
+      }
+      __syncthreads();  // before the next tiles overwrite these
     }
-    __syncthreads();  // the next column rewrites pk and ds
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      const int i = i0 + row_of(r);
+      if (i >= Lq) break;
+      for (int t = 0; t < kSlots; ++t)
+        if (lane + 32 * t < Dk) put(head(dq, Lq, i) + lane + 32 * t, acc[r][t] * scale);
+    }
+  } else {  // dk_j = scale sum_i ds_ij q_i, dv_j = sum_i p'_ij dctx_i for the tile's keys
+    const int j0 = (blockIdx.y - query_tiles) * kAttentionTile;
+    float *vks = t0, *qs = t1, *dcs = t2;  // the tile's values; a tile of queries and their dctx rows
+    load_head_tile(vks, v, b, h, Lk, j0, D, Dk);
+    float ds[kRowsPerWarp], pk[kRowsPerWarp];
+    for (int i0 = 0; i0 < Lq; i0 += kAttentionTile) {
+      load_head_tile(qs, q, b, h, Lq, i0, D, Dk);
+      load_head_tile(dcs, dctx, b, h, Lq, i0, D, Dk);
+      __syncthreads();
+      for (int r = 0; r < kRowsPerWarp; ++r) {
+        const float s = i0 + row_of(r) < Lq ? rowdot_of(dcs, row_of(r), i0 + row_of(r)) : 0.f;
+        if (lane == 0) rowdot[row_of(r)] = s;
+      }
+      __syncthreads();
+      float dot[kRowsPerWarp];  // dctx_i . v_j for the lane's query i and the warp's keys j
+      rows_dot_lanes(dot, vks, dcs, Dk);
+      for (int r = 0; r < kRowsPerWarp; ++r) {
+        const int j = j0 + row_of(r), i = i0 + lane;
+        const float pij = i < Lq && j < Lk ? p[at(i, j)] : 0.f, kij = pij == 0 ? 0.f : keep(at(i, j));
+        ds[r] = pij == 0 ? 0.f : pij * (dot[r] * kij - rowdot[lane]);
+        pk[r] = pij * kij;
+      }
+      for (int ii = 0; ii < kAttentionTile; ++ii) {
+        float qi[kSlots], ci[kSlots];
+        for (int t = 0; t < kSlots; ++t) qi[t] = column(qs, ii, t), ci[t] = column(dcs, ii, t);
+        for (int r = 0; r < kRowsPerWarp; ++r) {
+          const float dsi = __shfl_sync(0xffffffffu, ds[r], ii), pki = __shfl_sync(0xffffffffu, pk[r], ii);
+          for (int t = 0; t < kSlots; ++t) acc[r][t] += dsi * qi[t], acc_v[r][t] += pki * ci[t];
+        }
+      }
+      __syncthreads();  // before the next tiles overwrite these
+    }
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      const int j = j0 + row_of(r);
+      if (j >= Lk) break;
+      for (int t = 0; t < kSlots; ++t)
+        if (lane + 32 * t < Dk) {
+          put(head(dk, Lk, j) + lane + 32 * t, acc[r][t] * scale);
+          put(head(dv, Lk, j) + lane + 32 * t, acc_v[r][t]);
+        }
+    }
   }
+}
+
+// launch(std::integral_constant<int, ceil(Dk / 32)>): the attention kernel compiled for the head dimension
+template <typename F> static void with_head_slots(int D, int H, F launch) {
+  static_assert(kHeadDimSlots == 4, "one case per slot count");
+  switch ((D / H + 31) / 32) {
+    case 1: return launch(std::integral_constant<int, 1>{});
+    case 2: return launch(std::integral_constant<int, 2>{});
+    case 3: return launch(std::integral_constant<int, 3>{});
+    case 4: if (D / H <= kMaxHeadDim) return launch(std::integral_constant<int, 4>{});
+  }
+  throw std::invalid_argument("gpu attention: head dimension " + std::to_string(D / H) + " is outside 1.." +
+                              std::to_string(kMaxHeadDim));
 }
 
 void attention_forward(float* ctx, float* p, const float* q, const float* k, const float* v, const uint8_t* key_valid,
                        bool causal, DropoutKey drop, int B, int Lq, int Lk, int D, int H) {
   if ((size_t)B * H * Lq == 0) return;
-  LAUNCH(attention_forward_kernel, B * H * Lq, kAttentionThreads, 0, ctx, p, q, k, v, key_valid, causal, drop, H, Lq, Lk, D);
+  const dim3 grid(B * H, (Lq + kAttentionTile - 1) / kAttentionTile);
+  with_head_slots(D, H, [&](auto slots) {
+    LAUNCH(attention_forward_kernel<decltype(slots)::value>, grid, kAttentionThreads, attention_shared_bytes(D / H), ctx, p, q, k, v,
+           key_valid, causal, drop, H, Lq, Lk, D);
+  });
 }
 
 // attention_backward with dq, dk and dv added to (add) or written
-static void attention_backward(float* dq, float* dk, float* dv, bool add, const float* dctx, const float* p, const float* q,
-                               const float* k, const float* v, DropoutKey drop, int B, int Lq, int Lk, int D, int H) {
+static void attention_backward(float* dq, float* dk, float* dv, bool add, const float* dctx, const float* ctx, const float* p,
+                               const float* q, const float* k, const float* v, DropoutKey drop, int B, int Lq, int Lk, int D,
+                               int H) {
   if ((size_t)B * H * (Lq + Lk) == 0) return;
-  const size_t shared = (2 * (size_t)Lq + std::max(Lq, Lk)) * sizeof(float);
-  if (std::max(Lq, Lk) > kMaxLenBackward)
-    throw std::invalid_argument("gpu::attention_backward: " + std::to_string(Lq) + " queries and " + std::to_string(Lk) +
-                                " keys: more than " + std::to_string(kMaxLenBackward));
-  LAUNCH(attention_backward_kernel, B * H, kAttentionThreads, shared, dq, dk, dv, dctx, p, q, k, v, drop, add, H, Lq, Lk, D);
+  const dim3 grid(B * H, (Lq + kAttentionTile - 1) / kAttentionTile + (Lk + kAttentionTile - 1) / kAttentionTile);
+  with_head_slots(D, H, [&](auto slots) {
+    LAUNCH(attention_backward_kernel<decltype(slots)::value>, grid, kAttentionThreads, attention_shared_bytes(D / H), dq, dk, dv, dctx, ctx,
+           p, q, k, v, drop, add, H, Lq, Lk, D);
+  });
 }
-void attention_backward(float* dq, float* dk, float* dv, const float* dctx, const float* p, const float* q, const float* k,
-                        const float* v, DropoutKey drop, int B, int Lq, int Lk, int D, int H) {
-  attention_backward(dq, dk, dv, true, dctx, p, q, k, v, drop, B, Lq, Lk, D, H);
+void attention_backward(float* dq, float* dk, float* dv, const float* dctx, const float* ctx, const float* p, const float* q,
+                        const float* k, const float* v, DropoutKey drop, int B, int Lq, int Lk, int D, int H) {
+  attention_backward(dq, dk, dv, true, dctx, ctx, p, q, k, v, drop, B, Lq, Lk, D, H);
 }
 
 void multihead_attention_forward(float* out, const AttentionActs<float>& a, const float* xq, const float* xkv,
@@ -2502,7 +2631,7 @@ void multihead_attention_backward(float* dxq, float* dxkv, const AttentionWeight
                                   int D, int H) {
   // the forward call list, in reverse; s holds scratch for dq, dk, dv, dctx, each written (not added)
   linear_backward(s.ctx, false, dw.wo, nullptr, operand(dout, (size_t)B * Lq * D, kLeft), a.ctx, w.wo, B * Lq, D, D);
-  attention_backward(s.q, s.k, s.v, false, s.ctx, a.p, a.q, a.k, a.v, drop, B, Lq, Lk, D, H);
+  attention_backward(s.q, s.k, s.v, false, s.ctx, a.ctx, a.p, a.q, a.k, a.v, drop, B, Lq, Lk, D, H);
   const Operand kv_in = operand(xkv, (size_t)B * Lk * D, kShared);  // in bf16 rounded once for dWv and dWk
   project_backward(dxkv, true, dw.wv, operand(s.v, (size_t)B * Lk * D, kLeft), kv_in, w.wv, B * Lk, D, D);
   project_backward(dxkv, true, dw.wk, operand(s.k, (size_t)B * Lk * D, kLeft), kv_in, w.wk, B * Lk, D, D);
@@ -3171,9 +3300,9 @@ class GpuModel : public DeviceModel {
 
 static std::unique_ptr<DeviceModel> make_gpu_model(Transformer<float>& m) {
   if (!gpu_available()) throw std::runtime_error("--device cuda: no GPU is present (use --device cpu)");
-  if (m.cfg.max_len > gpu::kMaxLenBackward)  // the attention backward keeps rows and columns in shared memory
-    throw std::runtime_error("--device cuda: max_len " + std::to_string(m.cfg.max_len) + " is above the GPU's " +
-                             std::to_string(gpu::kMaxLenBackward) + " (use a smaller --max-len or --device cpu)");
+  if (m.cfg.D / m.cfg.H > gpu::kMaxHeadDim)  // the attention kernels keep tiles of 32 rows in shared memory
+    throw std::runtime_error("--device cuda: the head dimension d_model / heads = " + std::to_string(m.cfg.D / m.cfg.H) +
+                             " is above the GPU's " + std::to_string(gpu::kMaxHeadDim) + " (use more heads or --device cpu)");
   return std::make_unique<GpuModel>(m);
 }
 static bool gpu_has_bf16() {  // the current device (a rank's, under mpirun): Ampere and later
