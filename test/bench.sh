@@ -9,10 +9,11 @@
 #        --count, a dry run: each launch and product checked and counted, not run), on any machine
 #   7.   with BENCH_LATE_RUN=DIR: throughput late in a long run (below)
 # With a GPU (a CUDA build on a machine that has one) the rows run there at full size: 256 x 32 tokens a
-# side, fp32, TF32 and bf16 (against PyTorch's bf16 eager and torch.compile), 3 epochs, all 1000 test
-# sentences. Where python3 has torch with CUDA, the PyTorch
+# side, ours in fp32, TF32 and bf16 (and bf16 without CUDA graphs), Multi30k for 3 epochs in bf16 and in
+# fp32 with each one's test BLEU, all 1000 test sentences. Where python3 has torch with CUDA, the PyTorch
 # reference (torch_ref.py: .ref/ on the GPU machine, else ../shared/bench/) runs the same shapes in the
-# same call and each figure is also given as a ratio: PyTorch's time / ours (above 1: we are faster).
+# same call, in bf16 eager and bf16 + torch.compile (its best), and each figure is also given as ratios:
+# PyTorch's time / ours (above 1: we are faster).
 # Without a GPU every row runs on the CPU with smaller batches and fewer steps, and it says so; where a
 # python3 has torch (python3, $TORCH_PYTHON, or ~/torch-venv/bin/python), the PyTorch CPU peer
 # (torch_cpu_step.py: .ref/, else ../shared/bench/) runs the step rows alternately with ours, $BENCH_RUNS
@@ -22,12 +23,14 @@
 # With BENCH_LATE_RUN=DIR (the folder of a long `./train` run on Multi30k, started with the options in
 # BENCH_LATE_ARGS, default "--config small") row 7 resumes it for a few steps: tokens/s late in training
 # beside a fresh run of the same options. Before the rows: this machine's fp32 peak and the gemm on the
-# model's shapes (gemm_bench).
+# model's shapes (gemm_bench). BENCH_ROWS="3 6" runs only the rows named (1 and 2 go together, as do 3 and
+# 4); unset: every row.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bench=./build/test/bench
 row() { printf '%-66s %-40s %s\n' "$1" "$2" "${3:-}" | sed 's/ *$//'; }
 field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p" | tail -n 1; }  # the last value of NAME=value in the input
+wants() { [ -z "${BENCH_ROWS:-}" ] || [[ " $BENCH_ROWS " == *" $1 "* ]]; }  # is row $1 asked for?
 ratio() { awk -v t="$1" -v o="$2" 'BEGIN { if (t > 0 && o > 0) printf "%.2fx", t / o; else print "-" }'; }
 
 if "$bench" --device cuda --batch 2 --len 4 --steps 1 --warmup 0 > /dev/null 2>&1; then
@@ -69,13 +72,14 @@ stats() { sort -g | awk '{ v[NR] = $1 } END { if (NR) printf "%s %s\n", v[1], v[
 row "figure" "ours" "$([ $torch = 1 ] && echo 'PyTorch / ours')$([ -n "$cpu_torch" ] && echo 'PyTorch / ours (fastest, median)')"
 
 # 1-2. training steps
-torch_ms() {  # PyTorch's GPU step time in precision $1 for the model in ${shape[@]}, eager or with more flags (--compile)
-  local precision=$1; shift
-  python3 "$ref" --data "$refdata" --out "$work" --microbench --precision "$precision" --batch_tokens 8192 "${shape[@]}" "$@" 2>&1 |
+torch_ms() {  # PyTorch's GPU step time in bf16 for the model in ${shape[@]}, eager or with more flags (--compile)
+  python3 "$ref" --data "$refdata" --out "$work" --microbench --precision bf16 --batch_tokens 8192 "${shape[@]}" "$@" 2>&1 |
     grep '^MICRO' | field step_ms || true
 }
 small_args=(--d 256 --ff 1024 --layers 3 --dropout 0.2)
-for config in base small; do
+step_configs=()
+if wants 1 || wants 2; then step_configs=(base small); fi
+for config in "${step_configs[@]}"; do
   if [ $device = cuda ]; then
     modes=(fp32 tf32 bf16 bf16-op-by-op) batch=256 steps=(--steps 20 --warmup 5)  # the last: CUDA graphs off
   else
@@ -83,6 +87,7 @@ for config in base small; do
   fi
   shape=()  # the reference's flags for this model (its defaults are the base model's)
   if [ $config = small ]; then shape=("${small_args[@]}"); fi
+  if [ $torch = 1 ]; then torch_eager=$(torch_ms) torch_compiled=$(torch_ms --compile); fi
   for mode in "${modes[@]}"; do
     vs="" mem=""
     if [ $device = cpu ]; then  # alternately ours and PyTorch's, $runs times; the ratios of the fastest and median
@@ -109,8 +114,7 @@ for config in base small; do
       ms=$(echo "$out" | field step_ms) tps=$(echo "$out" | field tgt_tok_per_s)
     fi
     if [ $torch = 1 ]; then
-      vs=$(ratio "$(torch_ms $precision)" "$ms")
-      if [ $precision = bf16 ]; then vs="$vs eager, $(ratio "$(torch_ms $precision --compile)" "$ms") torch.compile"; fi
+      vs="$(ratio "$torch_eager" "$ms") bf16 eager, $(ratio "$torch_compiled" "$ms") bf16 torch.compile (PyTorch $torch_eager, $torch_compiled ms)"
     fi
     n=$([ $config = base ] && echo 1 || echo 2)
     row "$n. $config model step, $mode, dropout on, $batch x 32 tokens a side" "$ms ms/step, $tps target tok/s$mem" "$vs"
@@ -151,22 +155,30 @@ gpu_counts_rows() {
 
 if [ ! -s data/multi30k/train.en ]; then
   row "3-4. Multi30k rows" "skipped: run \`make data\` first"
-  data_parallel_row
-  gpu_counts_rows
+  if wants 5; then data_parallel_row; fi
+  if wants 6; then gpu_counts_rows; fi
   exit 0
 fi
 
-# 3. Multi30k training throughput on real batches (train_tps: the mean per-step tokens/s after the first step)
-if [ $device = cuda ]; then train_len=(--epochs 3) what="3 epochs"; else train_len=(--max-steps 6) what="6 steps"; fi
 # train_tps DIR [FIRST]: the mean of DIR/log.csv's per-step tokens/s after step FIRST + 1 (default 0: after
-# the run's first step), the final validation's row left out
+# the run's first step), the final validation's row left out (rows 3 and 7)
 train_tps() {
   awk -F, -v s="${2:-0}" 'NR > 1 && $1 > s + 1 && $5 != "" && $6 == "" { t += $5; n++ } END { if (n) printf "%.0f\n", t / n }' \
       "$1/log.csv"
 }
-rss ./train --data data/multi30k --config small --device $device "${train_len[@]}" --val-sentences 0 --quiet \
+# 3. Multi30k training throughput on real batches (train_tps: the mean per-step tokens/s after the first step)
+if wants 3 || wants 4; then
+if [ $device = cuda ]; then train_len=(--epochs 3) what="3 epochs"; else train_len=(--max-steps 6) what="6 steps"; fi
+precision=()  # on a GPU: bf16 here, fp32 beside it below
+if [ $device = cuda ]; then precision=(--precision bf16); fi
+rss ./train --data data/multi30k --config small --device $device "${train_len[@]}" "${precision[@]}" --val-sentences 0 --quiet \
     --out "$work/run" --batches-out "$work/batches.txt" > "$work/train.log" 2>&1
 tps=$(train_tps "$work/run")
+# test_bleu DIR: greedy BLEU of DIR's model on test_2016_flickr (sacreBLEU's, printed by ./translate --ref)
+test_bleu() {
+  ./translate -m "$1/model.bin" --device $device --greedy -i data/multi30k/test_2016_flickr.en \
+      --ref data/multi30k/test_2016_flickr.de -o /dev/null 2>&1 | sed -n 's/^BLEU = \([0-9.]*\) .*/\1/p'
+}
 mem=", peak RSS $(mb "$(field RSS_KB < "$work/train.log")") MB" fresh=$tps
 vs="" torch_decode=""
 if [ $device = cpu ] && [ -n "$cpu_py" ]; then  # PyTorch on the same batches, alternately with ours, $runs times
@@ -188,12 +200,23 @@ if [ $device = cpu ] && [ -n "$cpu_py" ]; then  # PyTorch on the same batches, a
 fi
 if [ $torch = 1 ]; then
   python3 "$ref" --data "$refdata" --out "$work" "${small_args[@]}" --lr_factor 2 --batch_tokens 4096 --epochs 3 \
-          --precision fp32 > "$work/torch_train.log" 2>&1 || true
+          --precision bf16 > "$work/torch_train.log" 2>&1 || true
   ttps=$(awk '/^epoch/ { for (i = 1; i < NF; i++) if ($i == "tgt_tok_per_s" && $2 > 1) { s += $(i + 1); n++ } } END { if (n) printf "%.0f", s / n }' "$work/torch_train.log")
-  vs=$(ratio "$tps" "${ttps:-0}")  # a throughput: ours / PyTorch's is the same ratio as its time / ours
+  torch_bleu=$(sed -n 's/^RESULT .*greedy sacreBLEU \([0-9.]*\) .*/\1/p' "$work/torch_train.log" | head -n 1)
+  # a throughput: ours / PyTorch's is the same ratio as its time / ours
+  vs="$(ratio "$tps" "${ttps:-0}") (PyTorch bf16 eager ${ttps:-?} tok/s, test BLEU ${torch_bleu:-?})"
   torch_decode=$(sed -n 's/^RESULT .*decode_s \([0-9.]*\).*/\1/p' "$work/torch_train.log" | head -n 1)
 fi
-row "3. Multi30k en-de, small config, real 4096-token batches, $what" "$tps target tok/s$mem" "$vs"
+if [ $device = cuda ]; then
+  row "3. Multi30k en-de, small config, real 4096-token batches, $what, bf16" "$tps target tok/s$mem, test BLEU $(test_bleu "$work/run") (greedy)" "$vs"
+  mkdir -p "$work/run32" && cp "$work/run/vocab.bpe" "$work/run32/"
+  rss ./train --data data/multi30k --config small --device $device "${train_len[@]}" --precision fp32 --val-sentences 0 --quiet \
+      --vocab "$work/run32/vocab.bpe" --out "$work/run32" > "$work/train32.log" 2>&1
+  row "3. Multi30k en-de, small config, real 4096-token batches, $what, fp32" \
+      "$(train_tps "$work/run32") target tok/s, peak RSS $(mb "$(field RSS_KB < "$work/train32.log")") MB, test BLEU $(test_bleu "$work/run32") (greedy)"
+else
+  row "3. Multi30k en-de, small config, real 4096-token batches, $what" "$tps target tok/s$mem" "$vs"
+fi
 
 # 4. translating test_2016_flickr with the model of row 3
 if [ $device = cuda ]; then sentences=1000; else sentences=100; fi
@@ -207,12 +230,13 @@ for mode in "--greedy" "--beam 4"; do
   row "4. translate $sentences test_2016_flickr sentences, ${mode#--}" "$s s, $tps target tok/s$mem" "$vs"
 done
 echo "(row 4 decodes with the model of row 3, $what of training; PyTorch's greedy decoding has no K/V cache)"
+fi
 
 # 7. late in training: a long run's checkpoint resumed for 6 steps, alternately with a fresh run of the same
 # options for 6 steps, $runs times each (BENCH_LATE_RUN=DIR; BENCH_LATE_ARGS, default "--config small", the
 # options the run was started with, which --resume needs; its vocabulary, so that no BPE is learned). The
 # mean of each run's per-step tokens/s after its first step, as train_tps.
-if [ -n "${BENCH_LATE_RUN:-}" ]; then
+if [ -n "${BENCH_LATE_RUN:-}" ] && wants 7; then
   read -r -a late_args <<< "${BENCH_LATE_ARGS:---config small}"
   step=$(readlink "$BENCH_LATE_RUN/model.bin" | sed -n 's/^ckpt-0*\([0-9][0-9]*\)\.bin$/\1/p')
   : > "$work/early.txt"; : > "$work/late.txt"
@@ -233,5 +257,5 @@ if [ -n "${BENCH_LATE_RUN:-}" ]; then
       "$late_max (fastest), $late_med (median) target tok/s, peak RSS $(mb "$(field RSS_KB < "$work/late.log")") MB" \
       "late / fresh: $(ratio "$late_max" "$early_max"), $(ratio "$late_med" "$early_med") (fresh $(sort -g "$work/early.txt" | head -n 1)-$early_max tok/s)"
 fi
-data_parallel_row
-gpu_counts_rows
+if wants 5; then data_parallel_row; fi
+if wants 6; then gpu_counts_rows; fi
