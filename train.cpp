@@ -897,8 +897,14 @@ int main(int argc, char** argv) {
   // unread step's is read in one copy (step_loss_sums), checked in order, so a NaN is still named by its
   // step and found before a checkpoint could keep it, and written into its log row. Elsewhere each step's
   // loss is read and checked at once.
+  // A step's clock then stops when the host has queued it, not when the GPU has run it: the unread steps'
+  // rate is taken when their losses are read (the GPU done with them), over the time since the first of
+  // them started, and written into their log rows; the progress line adds the wait to its time.
   const bool defer_loss = m.device && ranks.size == 1;
   std::vector<std::pair<long, long>> unread;  // (step, its target tokens)
+  std::chrono::steady_clock::time_point unread_start;  // when the first unread step started
+  double unread_host_seconds = 0;                      // the unread steps' clocks, summed
+  double read_rate = NAN;                              // target tokens/s of the steps read last
   double loss = NAN;                          // the last step's, once read
   long loss_reads = 0, steps_run = 0;         // reported at the stop
   auto check_loss = [&](long step, double x) {
@@ -911,9 +917,17 @@ int main(int argc, char** argv) {
     if (unread.empty()) return;
     const std::vector<double> sums = m.device->step_loss_sums(unread.front().first, (long)unread.size());
     ++loss_reads;
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - unread_start).count();
+    double tokens = 0;
+    for (const auto& u : unread) tokens += (double)u.second;
+    read_rate = tokens / seconds;
+    window_seconds += std::max(0.0, seconds - unread_host_seconds);  // the wait for the GPU
+    unread_host_seconds = 0;
     for (size_t i = 0; i < unread.size(); ++i) check_loss(unread[i].first, loss = sums[i] / unread[i].second);
-    for (auto r = rows.rbegin(); r != rows.rend() && r->step >= unread.front().first; ++r)  // the rows that wait for theirs
+    for (auto r = rows.rbegin(); r != rows.rend() && r->step >= unread.front().first; ++r) {  // the rows that wait for theirs
       r->loss = sums[r->step - unread.front().first] / unread[r->step - unread.front().first].second;
+      r->tok_per_s = read_rate;
+    }
     unread.clear();
   };
 
@@ -928,6 +942,7 @@ int main(int argc, char** argv) {
     const std::vector<int> order = epoch_order(batches.size(), o.seed, st.epoch);
     for (; st.batch < (long)batches.size() && reason.empty(); ) {
       const auto t0 = std::chrono::steady_clock::now();
+      if (unread.empty()) unread_start = t0;
       // the step's batches: the next step_batches of the epoch's order; this rank takes every size-th
       const long count = std::min(step_batches, (long)batches.size() - st.batch);
       std::vector<Batch> mine;
@@ -946,7 +961,6 @@ int main(int argc, char** argv) {
       const double lr = transformer_update(m);
       if (defer_loss) unread.push_back({m.step, tokens});
       ++steps_run;
-      if ((long)unread.size() == kLossRing) read_losses();
       st.batch += count;
       st.tokens += tokens;
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -955,6 +969,8 @@ int main(int argc, char** argv) {
         if (!batches_out.flush()) fail("cannot write " + o.batches_out);
       }
       window_tokens += tokens, window_seconds += dt;
+      if (defer_loss) unread_host_seconds += dt;
+      if ((long)unread.size() == kLossRing) read_losses();
       log_tokens += tokens, log_seconds += dt;
       LogRow row{m.step, st.epoch + (double)st.batch / batches.size(), NAN, lr, log_tokens / log_seconds, NAN, NAN, NAN};
       const bool epoch_end = st.batch == (long)batches.size();
@@ -964,6 +980,7 @@ int main(int argc, char** argv) {
       }
       if (m.step % o.log_every == 0 || !std::isnan(row.val_loss)) {
         row.loss = unread.empty() ? loss : NAN;  // NaN while the step's loss is unread: read_losses fills it in
+        if (defer_loss && unread.empty()) row.tok_per_s = read_rate;  // read in this step, with its rate
         rows.push_back(row);
         log_tokens = log_seconds = 0;
       }
