@@ -280,6 +280,16 @@ int main() {
     gpu::release(dvalid);
   }
 
+  {  // a head dimension past the shared-memory tiles' (126) is refused before anything runs
+    bool refused = false;
+    try {
+      gpu::attention_forward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, false, none, 1, 1, 1, 127, 1);
+    } catch (const std::invalid_argument&) {
+      refused = true;
+    }
+    ck.expect(refused, "attention_forward with a head dimension of 127 is refused");
+  }
+
   // multi-head attention (cross: Lq queries, Lk keys)
   {
     std::vector<uint8_t> valid((size_t)B * Lk, 1);
