@@ -7,7 +7,9 @@
 #      ask for 70 steps and be refused; 10 steps take 1;
 #   2. log the same bits for every step's loss as a run that reads every 5th step (it validates then;
 #      validation changes nothing in training);
-#   3. a NaN loss is still named by its step when read late: the step a run that reads each step names.
+#   3. a NaN loss is still named by its step when read late: the step a run that reads each step names;
+#   4. a row's tokens/s is that of the steps read with it (the host's clock stops when it has queued a step,
+#      not when the GPU has run it): the 70 rows carry 2 rates, steps 1-64 one, 65-70 the other.
 # A model of 1 layer, d_model 16, on a corpus of 174 batches an epoch: no validation or checkpoint before
 # the stop unless asked for.
 set -uo pipefail
@@ -40,6 +42,10 @@ losses() { awk -F, 'NR > 1 && !seen[$1]++ { print $1, $3 }' "$1/log.csv"; }
 check "70 logged losses, none empty" test "$(losses late | awk 'NF == 2' | wc -l)" -eq 70
 check "every step's logged loss is the same bits read late as read every 5th step ($(diff <(losses late) <(losses often) | head -2 | tr '\n' ' '))" \
   diff -q <(losses late) <(losses often)
+# 4. tokens_per_s ($5) of the 70 rows: one rate for the steps of each read
+rates() { awk -F, 'NR > 1 && !seen[$1]++ { print ($1 <= 64 ? "a" : "b"), $5 }' "$1/log.csv" | sort -u; }
+check "the 70 rows carry one tokens/s per read (got: $(rates late | tr '\n' ' '))" \
+  test "$(rates late | wc -l)" = 2 -a "$(rates late | cut -d' ' -f1 | tr -d '\n')" = ab
 
 # 3. the learning rate far too large: the loss goes NaN within a few steps
 nan=(--lr-scale 1e9 --warmup 1 --max-steps 40)
