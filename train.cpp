@@ -899,7 +899,8 @@ int main(int argc, char** argv) {
   // loss is read and checked at once.
   // A step's clock then stops when the host has queued it, not when the GPU has run it: the unread steps'
   // rate is taken when their losses are read (the GPU done with them), over the time since the first of
-  // them started, and written into their log rows; the progress line adds the wait to its time.
+  // them started, and written into their log rows; the progress line adds the wait to its time. The run's
+  // first step is read at once, so that its start-up is its own row's and not spread over 64 rows.
   const bool defer_loss = m.device && ranks.size == 1;
   std::vector<std::pair<long, long>> unread;  // (step, its target tokens)
   std::chrono::steady_clock::time_point unread_start;  // when the first unread step started
@@ -970,7 +971,8 @@ int main(int argc, char** argv) {
       }
       window_tokens += tokens, window_seconds += dt;
       if (defer_loss) unread_host_seconds += dt;
-      if ((long)unread.size() == kLossRing) read_losses();
+      if ((long)unread.size() == kLossRing || steps_run == 1) read_losses();  // the first step's time (kernel
+                                                                              // loading, allocations) its own
       log_tokens += tokens, log_seconds += dt;
       LogRow row{m.step, st.epoch + (double)st.batch / batches.size(), NAN, lr, log_tokens / log_seconds, NAN, NAN, NAN};
       const bool epoch_end = st.batch == (long)batches.size();

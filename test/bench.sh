@@ -154,7 +154,7 @@ gpu_counts_rows() {
 }
 
 if [ ! -s data/multi30k/train.en ]; then
-  row "3-4. Multi30k rows" "skipped: run \`make data\` first"
+  if wants 3 || wants 4; then row "3-4. Multi30k rows" "skipped: run \`make data\` first"; fi
   if wants 5; then data_parallel_row; fi
   if wants 6; then gpu_counts_rows; fi
   exit 0
@@ -169,10 +169,10 @@ train_tps() {
 # 3. Multi30k training throughput on real batches (train_tps: the mean per-step tokens/s after the first step)
 if wants 3 || wants 4; then
 if [ $device = cuda ]; then train_len=(--epochs 3) what="3 epochs"; else train_len=(--max-steps 6) what="6 steps"; fi
-precision=()  # on a GPU: bf16 here, fp32 beside it below
-if [ $device = cuda ]; then precision=(--precision bf16); fi
-rss ./train --data data/multi30k --config small --device $device "${train_len[@]}" "${precision[@]}" --val-sentences 0 --quiet \
-    --out "$work/run" --batches-out "$work/batches.txt" > "$work/train.log" 2>&1
+# on a GPU: bf16 here, fp32 beside it below; on the CPU the batches for PyTorch's peer
+if [ $device = cuda ]; then run_args=(--precision bf16); else run_args=(--batches-out "$work/batches.txt"); fi
+rss ./train --data data/multi30k --config small --device $device "${train_len[@]}" "${run_args[@]}" --val-sentences 0 --quiet \
+    --out "$work/run" > "$work/train.log" 2>&1
 tps=$(train_tps "$work/run")
 # test_bleu DIR: greedy BLEU of DIR's model on test_2016_flickr (sacreBLEU's, printed by ./translate --ref)
 test_bleu() {
