@@ -2464,13 +2464,16 @@ __device__ void rows_dot_lanes(float (&dot)[kRowsPerWarp], const float* rows, co
 
 // Backward: grid (B H, query tiles + key tiles), one launch. A query tile's block writes dq, a key tile's
 // dk and dv, so nothing is added atomically, and a scratch that holds nothing yet is written, not zeroed
-// first and added to (add: false). Both form dp_ij and ds_ij themselves; the row sum that ds needs,
-// sum_l p_il dp_il, equals dctx_i . ctx_i (ctx_i = sum_l p'_il v_l), so neither waits for the other.
+// first and added to (add: false). Both form dp_ij, the row sums sum_l p_il dp_il and ds_ij themselves,
+// the row sums with the same arithmetic (row_sums), so neither waits for the other. (Not as dctx_i . ctx_i,
+// equal in exact arithmetic, as FlashAttention takes it: that left ds of a row with one visible key at a
+// rounding error instead of 0, which Adam turned into steps of the learning rate's size on parameters
+// whose gradient is otherwise 0: 2 ranks against --accumulate 2 on the emulated GPU moved apart 100 times
+// more, 3.0e-6 after 6 steps instead of 3.5e-8.)
 template <int kSlots>
 __global__ void __launch_bounds__(kAttentionThreads, 4)
-    attention_backward_kernel(float* dq, float* dk, float* dv, const float* dctx, const float* ctx, const float* p,
-                              const float* q, const float* k, const float* v, DropoutKey drop, bool add, int H, int Lq, int Lk,
-                              int D) {
+    attention_backward_kernel(float* dq, float* dk, float* dv, const float* dctx, const float* p, const float* q, const float* k,
+                              const float* v, DropoutKey drop, bool add, int H, int Lq, int Lk, int D) {
   drop = at_step(drop);
   const int b = blockIdx.x / H, h = blockIdx.x % H, Dk = D / H, ld = Dk + 1;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, query_tiles = (Lq + kAttentionTile - 1) / kAttentionTile;
@@ -2485,12 +2488,24 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
   auto put = [&](float* x, float value) { *x = add ? *x + value : value; };
   auto row_of = [&](int r) { return warp + r * kAttentionWarps; };  // the warp's r-th row of a tile
   // forward was: ctx_i = sum_j p'_ij v_j (p'_ij = p_ij keep_ij), p_i = softmax(s_i), s_ij = scale q_i . k_j
-  // so now: dp_ij = keep_ij (dctx_i . v_j), ds_ij = p_ij (dp_ij - dctx_i . ctx_i)
-  // rowdot_of(tile, ii, i): dctx_i . ctx_i, by a warp, with dctx_i in row ii of a tile
-  auto rowdot_of = [&](const float* tile, int ii, int i) {
-    float s = 0;
-    for (int d = lane; d < Dk; d += 32) s += tile[ii * ld + d] * head(ctx, Lq, i)[d];
-    return warp_sum(s);
+  // so now: dp_ij = keep_ij (dctx_i . v_j), ds_ij = p_ij (dp_ij - sum_l p_il dp_il)
+  // row_sums(rd, dcs, stream, i0): rd[r] = sum_j p_ij dp_ij for the warp's rows i = i0 + row_of(r), their
+  // dctx rows in the tile dcs, over the key tiles in order, each one's values loaded into the tile stream
+  auto row_sums = [&](float (&rd)[kRowsPerWarp], const float* dcs, float* stream, int i0) {
+    for (int r = 0; r < kRowsPerWarp; ++r) rd[r] = 0;
+    for (int j0 = 0; j0 < Lk; j0 += kAttentionTile) {
+      __syncthreads();  // dcs is loaded, and stream read by all
+      load_head_tile(stream, v, b, h, Lk, j0, D, Dk);
+      __syncthreads();
+      float dot[kRowsPerWarp];  // dctx_i . v_j for the warp's rows i and the lane's key j
+      rows_dot_lanes(dot, dcs, stream, Dk);
+      for (int r = 0; r < kRowsPerWarp; ++r) {
+        const int i = i0 + row_of(r), j = j0 + lane;
+        const float pij = i < Lq && j < Lk ? p[at(i, j)] : 0.f;
+        rd[r] += warp_sum(pij == 0 ? 0.f : pij * (dot[r] * keep(at(i, j))));
+      }
+    }
+    __syncthreads();  // stream read by all before it is overwritten
   };
   // x_t: the lane's column t of row r of a tile (0 past Dk)
   auto column = [&](const float* tile, int r, int t) { return lane + 32 * t < Dk ? tile[r * ld + lane + 32 * t] : 0.f; };
@@ -2499,9 +2514,8 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
     const int i0 = blockIdx.y * kAttentionTile;
     float *dcs = t0, *ks = t1, *vs = t2;
     load_head_tile(dcs, dctx, b, h, Lq, i0, D, Dk);
-    __syncthreads();
     float rd[kRowsPerWarp], ds[kRowsPerWarp];
-    for (int r = 0; r < kRowsPerWarp; ++r) rd[r] = i0 + row_of(r) < Lq ? rowdot_of(dcs, row_of(r), i0 + row_of(r)) : 0.f;
+    row_sums(rd, dcs, vs, i0);
     for (int j0 = 0; j0 < Lk; j0 += kAttentionTile) {
       load_head_tile(ks, k, b, h, Lk, j0, D, Dk);
       load_head_tile(vs, v, b, h, Lk, j0, D, Dk);
@@ -2535,13 +2549,12 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
     load_head_tile(vks, v, b, h, Lk, j0, D, Dk);
     float ds[kRowsPerWarp], pk[kRowsPerWarp];
     for (int i0 = 0; i0 < Lq; i0 += kAttentionTile) {
-      load_head_tile(qs, q, b, h, Lq, i0, D, Dk);
       load_head_tile(dcs, dctx, b, h, Lq, i0, D, Dk);
-      __syncthreads();
-      for (int r = 0; r < kRowsPerWarp; ++r) {
-        const float s = i0 + row_of(r) < Lq ? rowdot_of(dcs, row_of(r), i0 + row_of(r)) : 0.f;
-        if (lane == 0) rowdot[row_of(r)] = s;
-      }
+      float rd[kRowsPerWarp];
+      row_sums(rd, dcs, qs, i0);  // the query tile's space streams the values first
+      for (int r = 0; r < kRowsPerWarp; ++r)
+        if (lane == 0) rowdot[row_of(r)] = rd[r];
+      load_head_tile(qs, q, b, h, Lq, i0, D, Dk);
       __syncthreads();
       float dot[kRowsPerWarp];  // dctx_i . v_j for the lane's query i and the warp's keys j
       rows_dot_lanes(dot, vks, dcs, Dk);
@@ -2597,19 +2610,18 @@ void attention_forward(float* ctx, float* p, const float* q, const float* k, con
 }
 
 // attention_backward with dq, dk and dv added to (add) or written
-static void attention_backward(float* dq, float* dk, float* dv, bool add, const float* dctx, const float* ctx, const float* p,
-                               const float* q, const float* k, const float* v, DropoutKey drop, int B, int Lq, int Lk, int D,
-                               int H) {
+static void attention_backward(float* dq, float* dk, float* dv, bool add, const float* dctx, const float* p, const float* q,
+                               const float* k, const float* v, DropoutKey drop, int B, int Lq, int Lk, int D, int H) {
   if ((size_t)B * H * (Lq + Lk) == 0) return;
   const dim3 grid(B * H, (Lq + kAttentionTile - 1) / kAttentionTile + (Lk + kAttentionTile - 1) / kAttentionTile);
   with_head_slots(D, H, [&](auto slots) {
-    LAUNCH(attention_backward_kernel<decltype(slots)::value>, grid, kAttentionThreads, attention_shared_bytes(D / H), dq, dk, dv, dctx, ctx,
+    LAUNCH(attention_backward_kernel<decltype(slots)::value>, grid, kAttentionThreads, attention_shared_bytes(D / H), dq, dk, dv, dctx,
            p, q, k, v, drop, add, H, Lq, Lk, D);
   });
 }
-void attention_backward(float* dq, float* dk, float* dv, const float* dctx, const float* ctx, const float* p, const float* q,
-                        const float* k, const float* v, DropoutKey drop, int B, int Lq, int Lk, int D, int H) {
-  attention_backward(dq, dk, dv, true, dctx, ctx, p, q, k, v, drop, B, Lq, Lk, D, H);
+void attention_backward(float* dq, float* dk, float* dv, const float* dctx, const float* p, const float* q, const float* k,
+                        const float* v, DropoutKey drop, int B, int Lq, int Lk, int D, int H) {
+  attention_backward(dq, dk, dv, true, dctx, p, q, k, v, drop, B, Lq, Lk, D, H);
 }
 
 void multihead_attention_forward(float* out, const AttentionActs<float>& a, const float* xq, const float* xkv,
@@ -2631,7 +2643,7 @@ void multihead_attention_backward(float* dxq, float* dxkv, const AttentionWeight
                                   int D, int H) {
   // the forward call list, in reverse; s holds scratch for dq, dk, dv, dctx, each written (not added)
   linear_backward(s.ctx, false, dw.wo, nullptr, operand(dout, (size_t)B * Lq * D, kLeft), a.ctx, w.wo, B * Lq, D, D);
-  attention_backward(s.q, s.k, s.v, false, s.ctx, a.ctx, a.p, a.q, a.k, a.v, drop, B, Lq, Lk, D, H);
+  attention_backward(s.q, s.k, s.v, false, s.ctx, a.p, a.q, a.k, a.v, drop, B, Lq, Lk, D, H);
   const Operand kv_in = operand(xkv, (size_t)B * Lk * D, kShared);  // in bf16 rounded once for dWv and dWk
   project_backward(dxkv, true, dw.wv, operand(s.v, (size_t)B * Lk * D, kLeft), kv_in, w.wv, B * Lk, D, D);
   project_backward(dxkv, true, dw.wk, operand(s.k, (size_t)B * Lk * D, kLeft), kv_in, w.wk, B * Lk, D, D);

@@ -578,9 +578,8 @@ void linear_forward(float* out, const float* in, const float* w, const float* b,
 void linear_backward(float* din, float* dw, float* db, const float* dout, const float* in, const float* w, int M, int I, int O);
 void attention_forward(float* ctx, float* p, const float* q, const float* k, const float* v, const uint8_t* key_valid,
                        bool causal, DropoutKey drop, int B, int Lq, int Lk, int D, int H);
-// ctx: the forward's output (the backward takes sum_j p_ij dL/dp_ij as dctx_i . ctx_i)
-void attention_backward(float* dq, float* dk, float* dv, const float* dctx, const float* ctx, const float* p, const float* q,
-                        const float* k, const float* v, DropoutKey drop, int B, int Lq, int Lk, int D, int H);
+void attention_backward(float* dq, float* dk, float* dv, const float* dctx, const float* p, const float* q, const float* k,
+                        const float* v, DropoutKey drop, int B, int Lq, int Lk, int D, int H);
 void multihead_attention_forward(float* out, const AttentionActs<float>& a, const float* xq, const float* xkv,
                                  const AttentionWeights<float>& w, const uint8_t* key_valid, bool causal, DropoutKey drop,
                                  int B, int Lq, int Lk, int D, int H);

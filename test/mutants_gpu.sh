@@ -25,7 +25,7 @@ mutants=(
   "wrong leading dimension in cublasSgemm (A with ldb)|&one, B.f, ldb, A.f, lda,|&one, B.f, ldb, A.f, ldb,"
   "write past the end by the last block (LayerNorm's mean)|y[d] = (x[d] - mu) * rs * g[d] + b[d];\n  if (threadIdx.x == 0) mean[blockIdx.x] = mu,|y[d] = (x[d] - mu) * rs * g[d] + b[d];\n  if (threadIdx.x == 0) mean[blockIdx.x + (blockIdx.x + 1 == gridDim.x)] = mu,"
   "accumulating output not zeroed (the gradients between steps)|    gpu::fill(grads, 0, n);\n    CUDA_CHECK(cudaMemsetAsync(step_loss|    CUDA_CHECK(cudaMemsetAsync(step_loss"
-  "race on a shared array (attention backward's row sums read before all are written)|if (lane == 0) rowdot[row_of(r)] = s;\n      }\n      __syncthreads();|if (lane == 0) rowdot[row_of(r)] = s;\n      }"
+  "race on a shared array (attention backward's row sums read before all are written)|load_head_tile(qs, q, b, h, Lq, i0, D, Dk);\n      __syncthreads();|load_head_tile(qs, q, b, h, Lq, i0, D, Dk);"
   "stale bf16 copy of the parameters (Adam's pass leaves it)|    if (copy) copy[i] = __float2bfloat16(params[i]);\n|"
   "a product's two bf16 operands rounded into one scratch buffer (project_backward)|d, O, operand(w, (size_t)I * O, kRight), O,|d, O, operand(w, (size_t)I * O, kLeft), O,"
   "a CUDA graph that replays its capture's dropout masks (the step not read from device memory)|graphed ? dropout_step : nullptr};|nullptr};"

@@ -247,7 +247,7 @@ int main() {
       rep.same(p, "attention_forward p" + tag);
       cpu::attention_backward(dq.h.data(), dk.h.data(), dv.h.data(), dctx.h.data(), p.h.data(), q.h.data(), k.h.data(), v.h.data(),
                               key, B, Lq, lk, D, H);
-      gpu::attention_backward(dq.d, dk.d, dv.d, dctx.d, ctx.d, p.d, q.d, k.d, v.d, key, B, Lq, lk, D, H);
+      gpu::attention_backward(dq.d, dk.d, dv.d, dctx.d, p.d, q.d, k.d, v.d, key, B, Lq, lk, D, H);
       rep.same(dq, "attention_backward dq" + tag);
       rep.same(dk, "attention_backward dk" + tag);
       rep.same(dv, "attention_backward dv" + tag);
@@ -273,7 +273,7 @@ int main() {
     rep.same(p, "attention_forward p (70 x 100, Dk 80)");
     cpu::attention_backward(dq.h.data(), dk.h.data(), dv.h.data(), dctx.h.data(), p.h.data(), q.h.data(), k.h.data(), v.h.data(),
                             drop, b2, lq, lk, d2, h2);
-    gpu::attention_backward(dq.d, dk.d, dv.d, dctx.d, ctx.d, p.d, q.d, k.d, v.d, drop, b2, lq, lk, d2, h2);
+    gpu::attention_backward(dq.d, dk.d, dv.d, dctx.d, p.d, q.d, k.d, v.d, drop, b2, lq, lk, d2, h2);
     rep.same(dq, "attention_backward dq (70 x 100, Dk 80)");
     rep.same(dk, "attention_backward dk (70 x 100, Dk 80)");
     rep.same(dv, "attention_backward dv (70 x 100, Dk 80)");
