@@ -391,9 +391,6 @@ inline void fiber_main() {
 inline void start_fiber() {
   State& s = state();
   const size_t f = s.fibers_used++;
-#ifdef CUDA_EMULATOR_ASAN
-  __asan_unpoison_memory_region(stack_of(f), kStackBytes);  // frames a finding left behind on a reused stack
-#endif
   make_context(s.fibers[f], stack_of(f), kStackBytes, fiber_main);
   switch_to_fiber(f);
 }
@@ -677,6 +674,11 @@ template <typename L> void run_grid(L call, const char* name, dim3 grid, dim3 bl
     std::fill(dynamic.begin(), dynamic.end(), 0xFF);  // NaN in every float nothing wrote
     run_block();
     if (!s.failure.empty()) {
+#ifdef CUDA_EMULATOR_ASAN
+      // the frames of the threads a finding abandons stay poisoned on the stacks, which later blocks reuse
+      // (a thread that returns leaves its stack clean, and fiber_main keeps no variable in memory)
+      for (char* stack : s.stacks) __asan_unpoison_memory_region(stack, kStackBytes);
+#endif
       fail_sticky(config + format(", block (%u,%u,%u): ", s.block_idx.x, s.block_idx.y, s.block_idx.z) + s.failure);
       s.failure.clear();
       break;

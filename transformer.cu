@@ -2127,7 +2127,7 @@ void fill(float* p, float value, size_t n) {
   LAUNCH(fill_kernel, blocks_for(n), 256, 0, p, value, n);
 }
 
-// Sum over a block of 256 threads (every thread gets the result).
+// Sum over the block's threads, a power of 2 of them (every thread gets the result).
 template <typename T> __device__ T block_sum(T x, T* shared) {
   shared[threadIdx.x] = x;
   __syncthreads();
@@ -2150,7 +2150,14 @@ __device__ float block_max(float x, float* shared) {
   __syncthreads();
   return r;
 }
-constexpr int kRowThreads = 256;  // threads of the one-block-per-row kernels (block_sum assumes a power of 2)
+constexpr int kRowThreads = 256;  // threads of the one-block-per-row kernels at most (block_sum assumes a power of 2)
+// Threads for a row of n elements: a power of 2 from 32 to kRowThreads, no more than the row needs (fewer
+// idle threads waiting at each step of block_sum; its sums are the same, as the idle ones add zeros).
+static unsigned row_threads(int n) {
+  unsigned t = 32;
+  while ((int)t < n && t < (unsigned)kRowThreads) t *= 2;
+  return t;
+}
 
 // ---- bf16 operands (mixed precision): what the tensor cores read in bf16 precision ------------------
 // The parameters keep a bf16 copy (keep_bf16_copy), which adam_update rewrites in its pass; any other
@@ -2433,10 +2440,10 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)  // 4 blocks an SM: at m
       w[r] = i < Lq && j < Lk ? p[p_row(i) + j] : 0.f;
       if (drop.p > 0 && w[r] != 0) w[r] = dropout_keeps(drop, p_row(i) + j) ? w[r] * keep_scale : 0.f;
     }
-    for (int jj = 0; jj < kAttentionTile; ++jj) {
+    for (int jj = 0; jj < min(kAttentionTile, Lk - j0); ++jj) {  // (past Lk, and past Lq below, w is 0)
       float vj[kSlots];
       for (int t = 0; t < kSlots; ++t) vj[t] = lane + 32 * t < Dk ? vs[jj * ld + lane + 32 * t] : 0.f;
-      for (int r = 0; r < kRowsPerWarp; ++r) {
+      for (int r = 0; r < kRowsPerWarp && i0 + row_of(r) < Lq; ++r) {
         const float wj = __shfl_sync(0xffffffffu, w[r], jj);
         for (int t = 0; t < kSlots; ++t) acc[r][t] += wj * vj[t];
       }
@@ -2499,9 +2506,9 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
       __syncthreads();
       float dot[kRowsPerWarp];  // dctx_i . v_j for the warp's rows i and the lane's key j
       rows_dot_lanes(dot, dcs, stream, Dk);
-      for (int r = 0; r < kRowsPerWarp; ++r) {
+      for (int r = 0; r < kRowsPerWarp && i0 + row_of(r) < Lq; ++r) {
         const int i = i0 + row_of(r), j = j0 + lane;
-        const float pij = i < Lq && j < Lk ? p[at(i, j)] : 0.f;
+        const float pij = j < Lk ? p[at(i, j)] : 0.f;
         rd[r] += warp_sum(pij == 0 ? 0.f : pij * (dot[r] * keep(at(i, j))));
       }
     }
@@ -2527,10 +2534,10 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
         const float pij = i < Lq && j < Lk ? p[at(i, j)] : 0.f;
         ds[r] = pij == 0 ? 0.f : pij * (dot[r] * keep(at(i, j)) - rd[r]);
       }
-      for (int jj = 0; jj < kAttentionTile; ++jj) {
+      for (int jj = 0; jj < min(kAttentionTile, Lk - j0); ++jj) {  // (past Lk, and past Lq below, ds is 0)
         float kj[kSlots];
         for (int t = 0; t < kSlots; ++t) kj[t] = column(ks, jj, t);
-        for (int r = 0; r < kRowsPerWarp; ++r) {
+        for (int r = 0; r < kRowsPerWarp && i0 + row_of(r) < Lq; ++r) {
           const float dsj = __shfl_sync(0xffffffffu, ds[r], jj);
           for (int t = 0; t < kSlots; ++t) acc[r][t] += dsj * kj[t];
         }
@@ -2564,10 +2571,10 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
         ds[r] = pij == 0 ? 0.f : pij * (dot[r] * kij - rowdot[lane]);
         pk[r] = pij * kij;
       }
-      for (int ii = 0; ii < kAttentionTile; ++ii) {
+      for (int ii = 0; ii < min(kAttentionTile, Lq - i0); ++ii) {  // (past Lq, and past Lk below, ds and p' are 0)
         float qi[kSlots], ci[kSlots];
         for (int t = 0; t < kSlots; ++t) qi[t] = column(qs, ii, t), ci[t] = column(dcs, ii, t);
-        for (int r = 0; r < kRowsPerWarp; ++r) {
+        for (int r = 0; r < kRowsPerWarp && j0 + row_of(r) < Lk; ++r) {
           const float dsi = __shfl_sync(0xffffffffu, ds[r], ii), pki = __shfl_sync(0xffffffffu, pk[r], ii);
           for (int t = 0; t < kSlots; ++t) acc[r][t] += dsi * qi[t], acc_v[r][t] += pki * ci[t];
         }
@@ -2763,12 +2770,12 @@ static void layernorm_param_grads(float* dg, float* db, const float* dout, const
 void layernorm_forward(float* out, float* mean, float* rstd, const float* in, const float* g, const float* b, int M, int D,
                        double eps) {
   if (M == 0) return;
-  LAUNCH(layernorm_forward_kernel, M, kRowThreads, 0, out, mean, rstd, in, g, b, D, (float)eps);
+  LAUNCH(layernorm_forward_kernel, M, row_threads(D), 0, out, mean, rstd, in, g, b, D, (float)eps);
 }
 void layernorm_backward(float* din, float* dg, float* db, const float* dout, const float* in, const float* g,
                         const float* mean, const float* rstd, int M, int D) {
   if (M == 0) return;
-  LAUNCH(layernorm_backward_kernel, M, kRowThreads, 0, din, dout, in, g, mean, rstd, D);
+  LAUNCH(layernorm_backward_kernel, M, row_threads(D), 0, din, dout, in, g, mean, rstd, D);
   layernorm_param_grads(dg, db, dout, in, mean, rstd, M, D);
 }
 
@@ -2820,7 +2827,7 @@ void residual_dropout_forward(float* out, const float* x, const float* y, Dropou
 void residual_dropout_layernorm_forward(float* out, float* sum, float* mean, float* rstd, const float* x, const float* y,
                                         DropoutKey drop, const float* g, const float* b, int M, int D, double eps) {
   if (M == 0) return;
-  LAUNCH(residual_dropout_layernorm_kernel, M, kRowThreads, 0, out, sum, mean, rstd, x, y, drop, (float)dropout_scale(drop), g, b, D,
+  LAUNCH(residual_dropout_layernorm_kernel, M, row_threads(D), 0, out, sum, mean, rstd, x, y, drop, (float)dropout_scale(drop), g, b, D,
          (float)eps);
 }
 void residual_dropout_backward(float* dx, float* dy, const float* dout, DropoutKey drop, size_t n) {
@@ -2829,7 +2836,7 @@ void residual_dropout_backward(float* dx, float* dy, const float* dout, DropoutK
 void residual_dropout_layernorm_backward(float* dx, float* dy, float* dg, float* db, float*, const float* dout, const float* sum,
                                          const float* g, const float* mean, const float* rstd, DropoutKey drop, int M, int D) {
   if (M == 0) return;
-  LAUNCH(residual_dropout_layernorm_backward_kernel, M, kRowThreads, 0, dx, dy, dout, sum, g, mean, rstd, drop,
+  LAUNCH(residual_dropout_layernorm_backward_kernel, M, row_threads(D), 0, dx, dy, dout, sum, g, mean, rstd, drop,
          (float)dropout_scale(drop), D);
   layernorm_param_grads(dg, db, dout, sum, mean, rstd, M, D);
 }
@@ -2895,7 +2902,7 @@ double label_smoothed_xent_forward(float* lse, const float* logits, const int* t
   if (M == 0) return 0;
   static_assert(kTokenCount == kLossSum + 1, "the loss and its token count are neighbours: one memset, one read");
   CUDA_CHECK(cudaMemsetAsync(scalar(kLossSum), 0, 2 * sizeof(double), stream()));
-  LAUNCH(xent_forward_kernel, M, kRowThreads, 0, lse, scalar(kLossSum), scalar(kTokenCount), logits, targets, V, qt, qo, pad);
+  LAUNCH(xent_forward_kernel, M, row_threads(V), 0, lse, scalar(kLossSum), scalar(kTokenCount), logits, targets, V, qt, qo, pad);
   if (capturing()) return NAN;  // a graph cannot read: whoever replays it reads the loss (last_loss)
   return last_loss();
 }
@@ -2921,7 +2928,7 @@ void label_smoothed_xent_backward(float* dlogits, const float* logits, const flo
   // the number of real tokens is counted on the device: nothing comes back to the host
   CUDA_CHECK(cudaMemsetAsync(scalar(kTokenCount), 0, sizeof(double), stream()));
   LAUNCH(count_targets_kernel, std::min(blocks_for(M), 64u), kRowThreads, 0, scalar(kTokenCount), targets, M, pad);
-  LAUNCH(xent_backward_kernel, M, kRowThreads, 0, dlogits, logits, lse, targets, V, (float)qt, (float)qo, scalar(kTokenCount), pad);
+  LAUNCH(xent_backward_kernel, M, row_threads(V), 0, dlogits, logits, lse, targets, V, (float)qt, (float)qo, scalar(kTokenCount), pad);
 }
 
 // ---- §5.3 Adam over the whole buffer, gradient-norm clipping -------------------------------------------
@@ -2998,7 +3005,7 @@ __global__ void log_softmax_kernel(float* out, const float* logits, int V) {
 }
 void log_softmax(float* out, const float* logits, int M, int V) {
   if (M == 0) return;
-  LAUNCH(log_softmax_kernel, M, kRowThreads, 0, out, logits, V);
+  LAUNCH(log_softmax_kernel, M, row_threads(V), 0, out, logits, V);
 }
 
 __global__ void copy_rows_kernel(float* dst, size_t dst_stride, const float* src, size_t src_stride, const int* index,
