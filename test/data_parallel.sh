@@ -111,12 +111,13 @@ for how in KILL STOP; do
     sh -c "test $ended -eq 0 && test $rc -ne 0 && test \$(grep -c '^train: rank 0' $out.log) -eq 1 && grep -q '$line' $out.log"
 done
 
-# 5. the emulated GPU: the GPU path's gradients summed over MPI (a small corpus: every kernel runs on the CPU).
+# 5. the emulated GPU: the GPU path's gradients summed over MPI (a small corpus and the tiny model: every kernel
+#    runs on the CPU, each thread a fiber).
 #    9 batches an epoch: the 5th step has one batch, so rank 1 has none and adds zeros; the 6th is in epoch 2
 emu=$root/build/emu/train
 if [ -x "$emu" ] && ldd "$emu" | grep libmpi > /dev/null; then
   tiny_corpus tiny 42
-  small=(--data tiny --merges 10 --batch-tokens 64 --max-steps 6 --warmup 1000 --val-sentences 1 --quiet --device cuda)
+  small=(--data tiny --merges 10 --config tiny --batch-tokens 64 --max-steps 6 --warmup 1000 --val-sentences 1 --quiet --device cuda)
   "${mpi[@]}" "$emu" "${small[@]}" --out "$work/g2" > g2.log 2>&1
   check "emulated GPU, 2 ranks train 6 steps over 9 batches an epoch ($(tail -1 g2.log))" \
     sh -c "grep -q 'device cuda (emulated GPU' g2.log && grep -q '^batches: 9 per epoch' g2.log && grep -q 'at step 6 (epoch 1.22)' g2.log"

@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # mutants_gpu: plants one bug at a time in a copy of transformer.cu, builds parity_gpu against the emulated
-# GPU (cuda_emulator.h, with ASan and UBSan) and shows that the suite fails on each: the emulator and the
-# parity test together must catch every bug of this list. Run by `make mutants` (CI does).
+# GPU (cuda_emulator.h; the mutated transformer.cu with ASan, the rest with ASan and UBSan) and shows that
+# the suite fails on each: the emulator and the parity test together must catch every bug of this list. Run
+# by `make mutants` (CI does).
 #   a mutant is caught when parity_gpu exits non-zero under the inorder or the reverse thread order
 #   (a failed check, an emulator finding, a sanitizer report); it survives when both pass. parity_gpu runs
 #   with CHECK_FAIL_FAST=1 (test/check.h): it stops at its first failed check, as that catches the mutant.
 # Mutants are built and run one a core. The unmutated build must pass (a control, run beside the first
 # mutants), and each mutant's original text must occur exactly once in transformer.cu, so that the check
 # cannot pass by mutating nothing. Exits non-zero if anything survives or cannot be planted.
-# Usage: mutants_gpu.sh CXX "EMU_CXXFLAGS" "EMU_LDLIBS" "OBJECTS"   (the Makefile passes its own; OBJECTS are
-# the emulated build's objects but transformer.o, and parity_gpu.o)
+# Usage: mutants_gpu.sh CXX "MUTANT_CXXFLAGS" "EMU_CXXFLAGS" "EMU_LDLIBS" "OBJECTS"   (the Makefile passes its
+# own: a mutant's transformer.cu is compiled with the first flags and linked with the second; OBJECTS are the
+# emulated build's objects but transformer.o, and parity_gpu.o)
 set -u
 cd "$(dirname "$0")/.."
-cxx="$1" flags="$2" libs="$3" objs="$4"
+cxx="$1" mutant_flags="$2" flags="$3" libs="$4" objs="$5"
 for o in $objs; do [ -f "$o" ] || { echo "mutants_gpu: $o is missing: run make emu first"; exit 2; }; done
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
@@ -50,7 +52,7 @@ if orig:
     src = src.replace(orig, new)
 open(out, "w").write(src)
 PY
-  $cxx $flags -I. -x c++ -c "$dir/transformer.cu" -o "$dir/transformer.o" > "$dir/build.log" 2>&1 &&
+  $cxx $mutant_flags -I. -x c++ -c "$dir/transformer.cu" -o "$dir/transformer.o" > "$dir/build.log" 2>&1 &&
     $cxx $flags "$dir/transformer.o" $objs -o "$dir/parity_gpu" $libs >> "$dir/build.log" 2>&1
 }
 

@@ -146,15 +146,16 @@ expect_error "--n-best beyond the vocabulary" "a beam of 1000000 is more than" "
 "$translate" "${m[@]}" --greedy --max-extra 1000 -i in.txt > extra.txt 2> extra.err
 check "--max-extra beyond max_len: one warning, still translated" \
   sh -c "test \$(wc -l < extra.err) -eq 1 && grep -q 'max-extra 1000 cannot be met: outputs stop at the model.s max_len of 64' extra.err && test \$(wc -l < extra.txt) -eq 6"
-for i in $(seq 1 40); do echo "three hundred and twenty-four thousand nine hundred and one"; done > forty.txt
+for i in $(seq 1 8); do echo "three hundred and twenty-four thousand nine hundred and one"; done > eight.txt
 if ldd "$translate" | grep -q libasan; then  # AddressSanitizer reserves terabytes of address space: no ulimit -v
   echo "translate_cli: a sanitizer build: the memory cap under ulimit -v is checked by the plain build only"
 else
-  # the cap is 600 MB above the shared libraries the program maps (cuBLAS alone is over 500 MB in the nvcc build)
+  # the cap is 200 MB above the shared libraries the program maps (cuBLAS alone is over 500 MB in the nvcc build);
+  # a sentence's beam of all the vocabulary takes about 30 MB
   libs_kb=$(ldd "$translate" | awk '$3 ~ /^\// {print $3}' | xargs stat -Lc %s | awk '{s += $1} END {print int(s / 1024)}')
-  ( ulimit -v $((libs_kb + 600000)); exec "$translate" "${m[@]}" --device cpu --beam $((V - 2)) --batch 40 -i forty.txt > capped.txt 2> capped.err )
+  ( ulimit -v $((libs_kb + 200000)); exec "$translate" "${m[@]}" --device cpu --beam $((V - 2)) --batch 8 -i eight.txt > capped.txt 2> capped.err )
   check "a batch that cannot fit is cut down with one warning ($(cat capped.err))" \
-    sh -c "test \$(wc -l < capped.err) -eq 1 && grep -q 'decoding [0-9]* sentences at a time' capped.err && test \$(wc -l < capped.txt) -eq 40"
+    sh -c "test \$(wc -l < capped.err) -eq 1 && grep -q 'decoding [0-9]* sentences at a time' capped.err && test \$(wc -l < capped.txt) -eq 8"
 fi
 long=$(printf 'nine %.0s' {1..100})
 echo "$long" | "$translate" "${m[@]}" > long.txt 2> long.err
