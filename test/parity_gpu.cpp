@@ -245,12 +245,29 @@ int main() {
       gpu::attention_forward(ctx.d, p.d, q.d, k.d, v.d, dvalid, causal, key, B, Lq, lk, D, H);
       rep.same(ctx, "attention_forward ctx" + tag);
       rep.same(p, "attention_forward p" + tag);
+      const std::vector<float> dq_before = dq.h;
       cpu::attention_backward(dq.h.data(), dk.h.data(), dv.h.data(), dctx.h.data(), p.h.data(), q.h.data(), k.h.data(), v.h.data(),
                               key, B, Lq, lk, D, H);
       gpu::attention_backward(dq.d, dk.d, dv.d, dctx.d, p.d, q.d, k.d, v.d, key, B, Lq, lk, D, H);
       rep.same(dq, "attention_backward dq" + tag);
       rep.same(dk, "attention_backward dk" + tag);
       rep.same(dv, "attention_backward dv" + tag);
+      if (causal) {
+        // The first query sees one key (or none, sentence 2): its weight is 1, so dL/ds = p (dp - sum_l p_l dp_l)
+        // is exactly 0 and dq's first row gets exactly nothing, on both sides. A row sum formed otherwise (as
+        // dctx . ctx, equal in exact arithmetic) leaves a rounding error there, which Adam turns into steps of
+        // the learning rate's size on parameters whose gradient is 0.
+        const std::vector<float> gq = dq.get();
+        double worst = 0;
+        for (int b = 0; b < B; ++b)
+          for (int c = 0; c < D; ++c) {
+            const size_t at = (size_t)b * Lq * D + c;  // query 0 of sentence b, column c
+            worst = std::fmax(worst, std::fmax(std::fabs((double)gq[at] - dq_before[at]), std::fabs((double)dq.h[at] - dq_before[at])));
+          }
+        std::printf("  %-44s max change %.3g (must be 0)\n", ("attention_backward dq of one key" + tag).c_str(), worst);
+        ck.expect(worst == 0, "attention_backward%s: the first query's dq changed by %.3g (GPU or CPU); its one visible key gives dL/ds = 0",
+                  tag.c_str(), worst);
+      }
       gpu::release(dvalid);
     }
 
