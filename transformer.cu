@@ -2160,14 +2160,17 @@ static unsigned row_threads(int n) {
 }
 
 // ---- bf16 operands (mixed precision): what the tensor cores read in bf16 precision ------------------
-// The parameters keep a bf16 copy (keep_bf16_copy), which adam_update rewrites in its pass; any other
-// operand, an activation or a gradient, is rounded into a scratch buffer on its way into the product.
+// The parameters keep a bf16 copy (keep_bf16_copy), which adam_update rewrites in its pass. An activation
+// that products read after its one producer has a bf16 twin (set_bf16_twins: the training step's, kept by
+// GpuModel), which the producer writes in the same pass. Any other operand, a gradient say, is rounded
+// into a scratch buffer on its way into the product.
 using bf16 = __nv_bfloat16;
 __global__ void to_bf16_kernel(bf16* out, const float* in, size_t n) { GRID_STRIDE(i, n) out[i] = __float2bfloat16(in[i]); }
 struct Bf16Copy {
   const float* base;
   bf16* copy;
   size_t n;
+  bool twin;  // an activation's twin (set_bf16_twins), in its owner's storage; else a parameter copy, ours
 };
 static std::vector<Bf16Copy>& bf16_copies() {
   static std::vector<Bf16Copy> copies;
@@ -2183,21 +2186,41 @@ void keep_bf16_copy(const float* p, size_t n) {
   if (bf16_copy_of(p)) return;
   bf16* copy = alloc_of<bf16>(n);
   if (n) LAUNCH(to_bf16_kernel, blocks_for(n), 256, 0, copy, p, n);
-  bf16_copies().push_back({p, copy, n});
+  bf16_copies().push_back({p, copy, n, false});
+}
+// The twins of the activations listed (where each starts, its floats), laid one after another in storage,
+// replacing those set before; an empty list drops them. A producer of a listed buffer must write its twin.
+static void set_bf16_twins(const std::vector<std::pair<const float*, size_t>>& twins, bf16* storage) {
+  auto& v = bf16_copies();
+  v.erase(std::remove_if(v.begin(), v.end(), [](const Bf16Copy& c) { return c.twin; }), v.end());
+  for (const auto& [p, n] : twins) v.push_back({p, storage, n, true}), storage += n;
+}
+std::vector<std::pair<const float*, size_t>> bf16_twins() {
+  std::vector<std::pair<const float*, size_t>> t;
+  for (const Bf16Copy& c : bf16_copies())
+    if (c.twin) t.push_back({c.base, c.n});
+  return t;
 }
 void drop_bf16_copy(const float* p) {
   auto& v = bf16_copies();
   for (auto it = v.begin(); it != v.end(); ++it)
-    if (it->base == p) {
+    if (it->base == p && !it->twin) {
       bf16* copy = it->copy;
       v.erase(it);  // first: a failed cudaFree must not leave a stale entry
       CUDA_CHECK(cudaFree(copy));
       return;
     }
 }
+// The twin a producer writes beside its output p (bf16 products, p listed by set_bf16_twins), else null.
+static bf16* bf16_twin_of(const float* p) {
+  if (products() != Precision::bf16) return nullptr;
+  for (const Bf16Copy& c : bf16_copies())
+    if (c.twin && p >= c.base && p < c.base + c.n) return c.copy + (p - c.base);
+  return nullptr;
+}
 std::vector<float> bf16_copy(const float* p, size_t n) {
   const bf16* c = bf16_copy_of(p);
-  if (!c) throw std::logic_error("bf16_copy: the buffer has no bf16 copy");
+  if (!c) throw std::logic_error("bf16_copy: the buffer has no bf16 copy or twin");
   std::vector<bf16> h(n);
   CUDA_CHECK(cudaMemcpy(h.data(), c, n * sizeof(bf16), cudaMemcpyDeviceToHost));
   std::vector<float> out(n);
@@ -2377,14 +2400,25 @@ __device__ void load_head_tile(float* tile, const float* x, int b, int h, int L,
   }
 }
 
+// ctx16, the twin of ctx (bf16 products): the rows of the block's query tile, once the block has written them.
+__device__ void ctx_tile_to_bf16(bf16* ctx16, const float* ctx, int H, int Lq, int D) {
+  __syncthreads();  // the block's writes to ctx are seen by all its threads
+  const int b = blockIdx.x / H, h = blockIdx.x % H, Dk = D / H, i0 = blockIdx.y * kAttentionTile;
+  for (int e = threadIdx.x; e < kAttentionTile * Dk; e += blockDim.x) {
+    const int i = i0 + e / Dk;
+    const size_t at = ((size_t)b * Lq + i) * D + h * Dk + e % Dk;
+    if (i < Lq) ctx16[at] = __float2bfloat16(ctx[at]);
+  }
+}
+
 // Forward: grid (B H, query tiles). Scores s_ij = q_i . k_j / sqrt(Dk) go to p, then each warp turns its
 // rows into softmax rows in place (a lane rereads only what it wrote), then ctx_i = sum_j p'_ij v_j.
 // kSlots = ceil(Dk / 32): the head's columns a lane sums (a template argument, so that the sums stay in
 // registers and no lane loops over columns a smaller head does not have).
 template <int kSlots>
 __global__ void __launch_bounds__(kAttentionThreads, 4)  // 4 blocks an SM: at most 64 registers a thread
-    attention_forward_kernel(float* ctx, float* p, const float* q, const float* k, const float* v, const uint8_t* key_valid,
-                             bool causal, DropoutKey drop, int H, int Lq, int Lk, int D) {
+    attention_forward_kernel(float* ctx, bf16* ctx16, float* p, const float* q, const float* k, const float* v,
+                             const uint8_t* key_valid, bool causal, DropoutKey drop, int H, int Lq, int Lk, int D) {
   drop = at_step(drop);
   // BEGIN SOLUTION task=attention_kernel points=5
   const int b = blockIdx.x / H, h = blockIdx.x % H, Dk = D / H, ld = Dk + 1, i0 = blockIdx.y * kAttentionTile;
@@ -2457,6 +2491,7 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)  // 4 blocks an SM: at m
       if (lane + 32 * t < Dk) ctx[((size_t)b * Lq + i) * D + h * Dk + lane + 32 * t] = acc[r][t];
   }
   // END SOLUTION
+  if (ctx16) ctx_tile_to_bf16(ctx16, ctx, H, Lq, D);
 }
 
 // dot[r] = (row row_of(r) of tile `rows`) . (row `lane` of tile `lanes`) over Dk columns, for a warp's rows
@@ -2611,8 +2646,8 @@ void attention_forward(float* ctx, float* p, const float* q, const float* k, con
   if ((size_t)B * H * Lq == 0) return;
   const dim3 grid(B * H, (Lq + kAttentionTile - 1) / kAttentionTile);
   with_head_slots(D, H, [&](auto slots) {
-    LAUNCH(attention_forward_kernel<decltype(slots)::value>, grid, kAttentionThreads, attention_shared_bytes(D / H), ctx, p, q, k, v,
-           key_valid, causal, drop, H, Lq, Lk, D);
+    LAUNCH(attention_forward_kernel<decltype(slots)::value>, grid, kAttentionThreads, attention_shared_bytes(D / H), ctx,
+           bf16_twin_of(ctx), p, q, k, v, key_valid, causal, drop, H, Lq, Lk, D);
   });
 }
 
@@ -2660,7 +2695,8 @@ void multihead_attention_backward(float* dxq, float* dxkv, const AttentionWeight
 
 // ---- [Eq. 2, §3.3] the feed-forward network ----------------------------------------------------------
 // After the first product (hpre = in W1): the bias, the ReLU and the dropout in one pass, not three. In
-// bf16 the pass also rounds h for the second product (h16), and the backward's pass likewise dh.
+// bf16 the pass also rounds h for the second product (h16: h's twin, or scratch), and the backward's pass
+// likewise dh.
 __global__ void bias_relu_dropout_kernel(float* hpre, float* h, bf16* h16, const float* b, DropoutKey drop, size_t M, int F,
                                          float scale) {
   drop = at_step(drop);
@@ -2686,7 +2722,7 @@ void ffn_forward(float* out, const FfnActs<float>& a, const float* in, const Ffn
                  int M, int D, int F) {
   const size_t n = (size_t)M * F;
   gemm(false, false, M, F, D, in, D, w.w1, F, a.hpre, F, false);  // hpre = in W1, then + b1, ReLU, dropout
-  bf16* h16 = rounded_in_pass(n);
+  bf16* h16 = bf16_twin_of(a.h) ? bf16_twin_of(a.h) : rounded_in_pass(n);
   LAUNCH(bias_relu_dropout_kernel, blocks_for(n), 256, 0, a.hpre, a.h, h16, w.b1, relu_drop, (size_t)M, F,
          (float)dropout_scale(relu_drop));
   linear_forward(out, Operand{a.h, h16}, w.w2, w.b2, M, F, D);
@@ -2788,9 +2824,11 @@ __global__ void residual_dropout_kernel(float* out, const float* x, const float*
   GRID_STRIDE(i, n) out[i] = residual_dropout(x, y, drop, scale, i);
 }
 // One block per row: the residual sum with its dropout, then LayerNorm of the sum, in one pass (the sum
-// is kept: the backward reads it). LayerNorm's arithmetic is layernorm_forward_kernel's.
-__global__ void residual_dropout_layernorm_kernel(float* out, float* sum, float* mean, float* rstd, const float* x, const float* y,
-                                                  DropoutKey drop, float scale, const float* g, const float* b, int D, float eps) {
+// is kept: the backward reads it). LayerNorm's arithmetic is layernorm_forward_kernel's. out16: out's
+// bf16 twin, or null.
+__global__ void residual_dropout_layernorm_kernel(float* out, bf16* out16, float* sum, float* mean, float* rstd, const float* x,
+                                                  const float* y, DropoutKey drop, float scale, const float* g, const float* b, int D,
+                                                  float eps) {
   drop = at_step(drop);
   __shared__ float red[kRowThreads];
   const size_t row = (size_t)blockIdx.x * D;
@@ -2800,7 +2838,11 @@ __global__ void residual_dropout_layernorm_kernel(float* out, float* sum, float*
   float v = 0;
   for (int d = threadIdx.x; d < D; d += blockDim.x) v += (sum[row + d] - mu) * (sum[row + d] - mu);  // this thread's own writes
   const float rs = 1.f / sqrtf(block_sum(v, red) / D + eps);
-  for (int d = threadIdx.x; d < D; d += blockDim.x) out[row + d] = (sum[row + d] - mu) * rs * g[d] + b[d];
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    const float o = (sum[row + d] - mu) * rs * g[d] + b[d];
+    out[row + d] = o;
+    if (out16) out16[row + d] = __float2bfloat16(o);
+  }
   if (threadIdx.x == 0) mean[blockIdx.x] = mu, rstd[blockIdx.x] = rs;
 }
 // The residual's gradient g_i of the sum, added to x's and, through the dropout mask, to y's.
@@ -2827,8 +2869,8 @@ void residual_dropout_forward(float* out, const float* x, const float* y, Dropou
 void residual_dropout_layernorm_forward(float* out, float* sum, float* mean, float* rstd, const float* x, const float* y,
                                         DropoutKey drop, const float* g, const float* b, int M, int D, double eps) {
   if (M == 0) return;
-  LAUNCH(residual_dropout_layernorm_kernel, M, row_threads(D), 0, out, sum, mean, rstd, x, y, drop, (float)dropout_scale(drop), g, b, D,
-         (float)eps);
+  LAUNCH(residual_dropout_layernorm_kernel, M, row_threads(D), 0, out, bf16_twin_of(out), sum, mean, rstd, x, y, drop,
+         (float)dropout_scale(drop), g, b, D, (float)eps);
 }
 void residual_dropout_backward(float* dx, float* dy, const float* dout, DropoutKey drop, size_t n) {
   if (n) LAUNCH(residual_dropout_backward_kernel, blocks_for(n), 256, 0, dx, dy, dout, drop, (float)dropout_scale(drop), n);
@@ -3078,11 +3120,12 @@ class GpuModel : public DeviceModel {
   ~GpuModel() override {  // no throwing from here: errors are ignored
     try {
       gpu::drop_bf16_copy(params);
+      gpu::set_bf16_twins({}, nullptr);
     } catch (...) {
     }
     drop_graphs();
-    for (void* p : {(void*)params, (void*)grads, (void*)adam_m, (void*)adam_v, (void*)arena, (void*)ids, (void*)valid, (void*)dropout_step,
-                    (void*)adam_step, (void*)step_loss, (void*)loss_ring})
+    for (void* p : {(void*)params, (void*)grads, (void*)adam_m, (void*)adam_v, (void*)arena, (void*)twins, (void*)ids, (void*)valid,
+                    (void*)dropout_step, (void*)adam_step, (void*)step_loss, (void*)loss_ring})
       cudaFree(p);
     for (void* p : {(void*)staged_ids, (void*)staged_valid, (void*)staged_step, (void*)staged_adam}) cudaFreeHost(p);
     cudaEventDestroy(uploaded), cudaEventDestroy(updated);
@@ -3121,6 +3164,7 @@ class GpuModel : public DeviceModel {
     return sums;
   }
   void backward(const Batch& b, bool train) override {
+    gpu::set_bf16_twins(twin_list, twins);  // this model's, were another's set since its forward
     const bool graphed = train && cuda_graphs;
     if (b.B != B || (graphed ? rounded_length(b.S, m.cfg.max_len) : b.S) != S || (graphed ? rounded_length(b.T, m.cfg.max_len) : b.T) != Tl)
       throw std::logic_error("backward of another batch than the last forward");
@@ -3275,6 +3319,39 @@ class GpuModel : public DeviceModel {
     }
     CUDA_CHECK(cudaEventRecord(uploaded, gpu::stream()));
     B = b.B, S = b.S, Tl = b.T;
+    keep_bf16_twins();
+  }
+  // [mixed precision] The activations that products read after their one producer, which writes each one's
+  // bf16 twin in the same pass (gpu::set_bf16_twins), so that no product rounds them again, forward or
+  // backward: each attention's ctx, each FFN's h, and post-LN each sub-layer connection's output (the next
+  // sub-layer's input, the encoder's output, the decoder's). Pre-LN's sub-layer inputs come from
+  // layernorm_forward, which writes none: they are rounded on their way into the products.
+  void keep_bf16_twins() {
+    twin_list.clear();
+    if (gpu::products() == Precision::bf16) {
+      const Config& c = m.cfg;
+      const size_t Ms = (size_t)B * S, Mt = (size_t)B * Tl, D = c.D, F = c.F;
+      const auto connection = [&](const SublayerActs<float>& a, size_t M) {
+        if (!c.pre_ln) twin_list.push_back({a.out, M * D});
+      };
+      for (const EncoderLayerActs<float>& l : acts.enc_layers) {
+        twin_list.push_back({l.self.ctx, Ms * D}), twin_list.push_back({l.ffn.h, Ms * F});
+        connection(l.self_sub, Ms), connection(l.ffn_sub, Ms);
+      }
+      for (const DecoderLayerActs<float>& l : acts.dec_layers) {
+        twin_list.push_back({l.self.ctx, Mt * D}), twin_list.push_back({l.cross.ctx, Mt * D}), twin_list.push_back({l.ffn.h, Mt * F});
+        connection(l.self_sub, Mt), connection(l.cross_sub, Mt), connection(l.ffn_sub, Mt);
+      }
+    }
+    size_t need = 0;
+    for (const auto& t : twin_list) need += t.second;
+    if (need > twins_size) {
+      if (twins) gpu::release(twins);
+      twins = nullptr, twins_size = 0;  // if the allocation fails
+      twins = gpu::alloc_of<gpu::bf16>(need), twins_size = need;
+      ++gpu::graph_epoch();
+    }
+    gpu::set_bf16_twins(twin_list, twins);
   }
   // The model on the GPU, as decoding sees it: the encoder runs here over the sources.
   DecodingModel<float> decoding_model() {
@@ -3298,6 +3375,9 @@ class GpuModel : public DeviceModel {
   Activations<float> acts;  // carved in the device arena
   float* arena = nullptr;
   size_t arena_size = 0, ids_size = 0;
+  std::vector<std::pair<const float*, size_t>> twin_list;  // the activations with a bf16 twin (keep_bf16_twins)
+  gpu::bf16* twins = nullptr;                              // their twins, one after another
+  size_t twins_size = 0;
   int* ids = nullptr;         // src, tgt_in, tgt_out of the batch
   uint8_t* valid = nullptr;   // src_valid, tgt_valid
   int* staged_ids = nullptr;          // their pinned host copies, from which they are uploaded

@@ -20,6 +20,7 @@
 #include <memory>
 #include <stdexcept>  // the course handout's stubs throw std::logic_error
 #include <string>
+#include <utility>
 #include <vector>
 
 // Functions that the CPU and the GPU share, character for character (the dropout hash, the positional
@@ -567,6 +568,9 @@ void synchronize();
 void keep_bf16_copy(const float* p, size_t n);
 void drop_bf16_copy(const float* p);
 std::vector<float> bf16_copy(const float* p, size_t n);
+// The activations that have a bf16 twin now (a model's training step in bf16: where each starts, its
+// floats), which their producers write and the products read; bf16_copy gives a twin's elements (for the tests).
+std::vector<std::pair<const float*, size_t>> bf16_twins();
 // In bf16 precision the operands are rounded to bf16 (a parameter's copy is used where it has one).
 void gemm(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc,
           bool accumulate);

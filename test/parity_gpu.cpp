@@ -896,6 +896,23 @@ int main() {
               tag.c_str(), a.l2, kGradL2, a.worst_cos, a.where.c_str(), kGradCos);
     ck.expect(n.l2 > kGradL2 && n.worst_cos < kGradCos, "bf16 step%s: another batch's gradient passes the bounds (L2 %.3g, cosine %.5f)",
               tag.c_str(), n.l2, n.worst_cos);
+    // The activations' bf16 twins, which the products read instead of rounding them: each is its buffer
+    // rounded, as its producer wrote both (a twin left stale, by a producer that does not write it, is not).
+    // Post-LN: each attention's ctx, each FFN's h and each sub-layer connection's output; pre-LN the first two.
+    {
+      const auto twins = gpu::bf16_twins();
+      const size_t want = (size_t)c.N * (pre_ln ? 2 + 3 : 4 + 6);
+      size_t stale = 0, elements = 0;
+      for (const auto& [p, count] : twins) {
+        std::vector<float> f(count);
+        gpu::download(f.data(), p, count);
+        stale += gpu::bf16_copy(p, count) != bf16_rounded(f), elements += count;
+      }
+      std::printf("  %-44s %zu twins (want %zu), %zu elements, %zu not their buffer rounded\n", ("bf16 step: activations' twins" + tag).c_str(),
+                  twins.size(), want, elements, stale);
+      ck.expect(twins.size() == want && stale == 0, "bf16 step%s: %zu activations with a bf16 twin (want %zu), %zu of them not their buffer rounded",
+                tag.c_str(), twins.size(), want, stale);
+    }
     // The update rewrites the parameters' bf16 copy, which the next step's products read: its loss agrees
     // again, and differs from the first step's by more than the bound (a stale copy would not follow).
     transformer_update(on_cpu), transformer_update(on_gpu);
