@@ -2160,10 +2160,10 @@ static unsigned row_threads(int n) {
 }
 
 // ---- bf16 operands (mixed precision): what the tensor cores read in bf16 precision ------------------
-// The parameters keep a bf16 copy (keep_bf16_copy), which adam_update rewrites in its pass. An activation
-// that products read after its one producer has a bf16 twin (set_bf16_twins: the training step's, kept by
-// GpuModel), which the producer writes in the same pass. Any other operand, a gradient say, is rounded
-// into a scratch buffer on its way into the product.
+// The parameters keep a bf16 copy (keep_bf16_copy), which adam_update rewrites in its pass. A training
+// step's buffer that products read has a bf16 twin (set_bf16_twins; GpuModel::keep_bf16_twins lists them),
+// which each kernel that writes the buffer writes in the same pass. Any other operand is rounded into a
+// scratch buffer on its way into the product.
 using bf16 = __nv_bfloat16;
 __global__ void to_bf16_kernel(bf16* out, const float* in, size_t n) { GRID_STRIDE(i, n) out[i] = __float2bfloat16(in[i]); }
 struct Bf16Copy {
@@ -2176,10 +2176,10 @@ static std::vector<Bf16Copy>& bf16_copies() {
   static std::vector<Bf16Copy> copies;
   return copies;
 }
-// The bf16 copy of p's element, if p lies in a buffer that has one.
-static bf16* bf16_copy_of(const float* p) {
+// The bf16 copy (or twin) of the n elements at p, if they lie in a buffer that has one.
+static bf16* bf16_copy_of(const float* p, size_t n = 1) {
   for (const Bf16Copy& c : bf16_copies())
-    if (p >= c.base && p < c.base + c.n) return c.copy + (p - c.base);
+    if (p >= c.base && p < c.base + c.n) return n <= (size_t)(c.base + c.n - p) ? c.copy + (p - c.base) : nullptr;
   return nullptr;
 }
 void keep_bf16_copy(const float* p, size_t n) {
@@ -2211,16 +2211,20 @@ void drop_bf16_copy(const float* p) {
       return;
     }
 }
-// The twin a producer writes beside its output p (bf16 products, p listed by set_bf16_twins), else null.
-static bf16* bf16_twin_of(const float* p) {
+// The twin a producer writes beside its output, the n elements at p (bf16 products, p listed by
+// set_bf16_twins), else null.
+static bf16* bf16_twin_of(const float* p, size_t n) {
   if (products() != Precision::bf16) return nullptr;
   for (const Bf16Copy& c : bf16_copies())
-    if (c.twin && p >= c.base && p < c.base + c.n) return c.copy + (p - c.base);
+    if (c.twin && p >= c.base && p < c.base + c.n) {
+      if (n > (size_t)(c.base + c.n - p)) throw std::logic_error("a producer writes past its output's bf16 twin");
+      return c.copy + (p - c.base);
+    }
   return nullptr;
 }
 std::vector<float> bf16_copy(const float* p, size_t n) {
-  const bf16* c = bf16_copy_of(p);
-  if (!c) throw std::logic_error("bf16_copy: the buffer has no bf16 copy or twin");
+  const bf16* c = bf16_copy_of(p, n);
+  if (!c) throw std::logic_error("bf16_copy: the elements have no bf16 copy or twin");
   std::vector<bf16> h(n);
   CUDA_CHECK(cudaMemcpy(h.data(), c, n * sizeof(bf16), cudaMemcpyDeviceToHost));
   std::vector<float> out(n);
@@ -2228,8 +2232,9 @@ std::vector<float> bf16_copy(const float* p, size_t n) {
   return out;
 }
 // Scratch for rounded operands, one per role, grown when a larger one is needed: a product's left and
-// right operands, and an input that several products share (rounded once for all of them).
-enum Slot { kLeft, kRight, kShared, kSlots };
+// right operands, an input that several products share (rounded once for all of them), and the attention
+// backward's three gradients, which its kernel rounds as it writes them (each read by later products).
+enum Slot { kLeft, kRight, kShared, kDq, kDk, kDv, kSlots };
 static bf16* bf16_scratch(Slot slot, size_t n) {
   static bf16* p[kSlots] = {};
   static size_t size[kSlots] = {};
@@ -2249,11 +2254,13 @@ struct Operand {
 // The operand of `extent` elements at p (a row-major matrix's (rows - 1) * ld + cols) as the product reads it.
 static Operand operand(const float* p, size_t extent, Slot slot) {
   if (products() != Precision::bf16 || extent == 0) return {p, nullptr};
-  if (const bf16* c = bf16_copy_of(p)) return {p, c};
+  if (const bf16* c = bf16_copy_of(p, extent)) return {p, c};
   bf16* s = bf16_scratch(slot, extent);
   LAUNCH(to_bf16_kernel, blocks_for(extent), 256, 0, s, p, extent);
   return {p, s};
 }
+// Where a pass of ours rounds a product's operand of n elements on its way: the slot's scratch in bf16, else null.
+static bf16* rounded_in_pass(size_t n, Slot slot = kLeft) { return products() == Precision::bf16 && n ? bf16_scratch(slot, n) : nullptr; }
 static size_t extent(int rows, int cols, int ld) { return rows == 0 || cols == 0 ? 0 : (size_t)(rows - 1) * ld + cols; }
 
 // ---- matrix products: cuBLAS is column-major, so C^T = op(B)^T op(A)^T is computed ------------------
@@ -2328,30 +2335,41 @@ __device__ DropoutKey at_step(DropoutKey key) {
   if (key.step) key.stream = dropout_site_stream(key.step->stream, key.site + key.step->micro_site);
   return key;
 }
-__global__ void dropout_forward_kernel(float* out, const float* in, DropoutKey key, size_t n, float scale) {
+// out16: out's bf16 twin, or null
+__global__ void dropout_forward_kernel(float* out, bf16* out16, const float* in, DropoutKey key, size_t n, float scale) {
   key = at_step(key);
-  GRID_STRIDE(i, n) out[i] = key.p == 0 ? in[i] : dropout_keeps(key, i) ? in[i] * scale : 0.f;
+  GRID_STRIDE(i, n) {
+    out[i] = key.p == 0 ? in[i] : dropout_keeps(key, i) ? in[i] * scale : 0.f;
+    if (out16) out16[i] = __float2bfloat16(out[i]);
+  }
 }
-__global__ void dropout_backward_kernel(float* din, const float* dout, DropoutKey key, size_t n, float scale) {
+// din16: din's bf16 twin, or null
+__global__ void dropout_backward_kernel(float* din, bf16* din16, const float* dout, DropoutKey key, size_t n, float scale) {
   key = at_step(key);
-  GRID_STRIDE(i, n) if (key.p == 0 || dropout_keeps(key, i)) din[i] += dout[i] * scale;
+  GRID_STRIDE(i, n) {
+    if (key.p == 0 || dropout_keeps(key, i)) din[i] += dout[i] * scale;
+    if (din16) din16[i] = __float2bfloat16(din[i]);
+  }
 }
 void dropout_forward(float* out, const float* in, DropoutKey key, size_t n) {
   if (n == 0 || (key.p == 0 && out == in)) return;
-  LAUNCH(dropout_forward_kernel, blocks_for(n), 256, 0, out, in, key, n, (float)dropout_scale(key));
+  LAUNCH(dropout_forward_kernel, blocks_for(n), 256, 0, out, bf16_twin_of(out, n), in, key, n, (float)dropout_scale(key));
 }
 void dropout_backward(float* din, const float* dout, DropoutKey key, size_t n) {
   if (n == 0) return;
-  LAUNCH(dropout_backward_kernel, blocks_for(n), 256, 0, din, dout, key, n, (float)dropout_scale(key));
+  LAUNCH(dropout_backward_kernel, blocks_for(n), 256, 0, din, bf16_twin_of(din, n), dout, key, n, (float)dropout_scale(key));
 }
 
 // ---- §3.4, §3.5 embeddings -------------------------------------------------------------------------
-__global__ void embedding_forward_kernel(float* out, const int* ids, const float* emb, int L, int D, int first_pos, size_t n) {
+// out16: out's bf16 twin, or null
+__global__ void embedding_forward_kernel(float* out, bf16* out16, const int* ids, const float* emb, int L, int D, int first_pos,
+                                         size_t n) {
   const float sqrt_d = sqrtf((float)D);
   GRID_STRIDE(i, n) {
     const size_t r = i / D;
     const int d = (int)(i % D), t = first_pos + (int)(r % L);
     out[i] = emb[(size_t)ids[r] * D + d] * sqrt_d + (float)positional_encoding(t, d, D);
+    if (out16) out16[i] = __float2bfloat16(out[i]);
   }
 }
 __global__ void embedding_backward_kernel(float* demb, const float* dout, const int* ids, int D, size_t n) {
@@ -2361,7 +2379,7 @@ __global__ void embedding_backward_kernel(float* demb, const float* dout, const 
 void embedding_forward(float* out, const int* ids, const float* emb, int B, int L, int D, int first_pos) {
   const size_t n = (size_t)B * L * D;
   if (n == 0) return;
-  LAUNCH(embedding_forward_kernel, blocks_for(n), 256, 0, out, ids, emb, L, D, first_pos, n);
+  LAUNCH(embedding_forward_kernel, blocks_for(n), 256, 0, out, bf16_twin_of(out, n), ids, emb, L, D, first_pos, n);
 }
 void embedding_backward(float* demb, const float* dout, const int* ids, int B, int L, int D) {
   const size_t n = (size_t)B * L * D;
@@ -2514,8 +2532,8 @@ __device__ void rows_dot_lanes(float (&dot)[kRowsPerWarp], const float* rows, co
 // more, 3.0e-6 after 6 steps instead of 3.5e-8.)
 template <int kSlots>
 __global__ void __launch_bounds__(kAttentionThreads, 4)
-    attention_backward_kernel(float* dq, float* dk, float* dv, const float* dctx, const float* p, const float* q, const float* k,
-                              const float* v, DropoutKey drop, bool add, int H, int Lq, int Lk, int D) {
+    attention_backward_kernel(float* dq, float* dk, float* dv, bf16* dq16, bf16* dk16, bf16* dv16, const float* dctx, const float* p,
+                              const float* q, const float* k, const float* v, DropoutKey drop, bool add, int H, int Lq, int Lk, int D) {
   drop = at_step(drop);
   const int b = blockIdx.x / H, h = blockIdx.x % H, Dk = D / H, ld = Dk + 1;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, query_tiles = (Lq + kAttentionTile - 1) / kAttentionTile;
@@ -2526,8 +2544,11 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
   const float scale = rsqrtf((float)Dk), keep_scale = (float)dropout_scale(drop);
   auto at = [&](int i, int j) { return ((size_t)blockIdx.x * Lq + i) * Lk + j; };  // p's offset of (i, j)
   auto keep = [&](size_t ij) { return drop.p > 0 ? (dropout_keeps(drop, ij) ? keep_scale : 0.f) : 1.f; };
-  auto head = [&](auto* x, int L, int r) { return x + ((size_t)b * L + r) * D + h * Dk; };  // row r's columns of head h
-  auto put = [&](float* x, float value) { *x = add ? *x + value : value; };
+  auto head = [&](int L, int r) { return ((size_t)b * L + r) * D + h * Dk; };  // where row r's columns of head h start
+  auto put = [&](float* x, bf16* x16, size_t at, float value) {  // x16: x's rounding for the products after, or null
+    x[at] = add ? x[at] + value : value;
+    if (x16) x16[at] = __float2bfloat16(x[at]);
+  };
   auto row_of = [&](int r) { return warp + r * kAttentionWarps; };  // the warp's r-th row of a tile
   // forward was: ctx_i = sum_j p'_ij v_j (p'_ij = p_ij keep_ij), p_i = softmax(s_i), s_ij = scale q_i . k_j
   // so now: dp_ij = keep_ij (dctx_i . v_j), ds_ij = p_ij (dp_ij - sum_l p_il dp_il)
@@ -2583,7 +2604,7 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
       const int i = i0 + row_of(r);
       if (i >= Lq) break;
       for (int t = 0; t < kSlots; ++t)
-        if (lane + 32 * t < Dk) put(head(dq, Lq, i) + lane + 32 * t, acc[r][t] * scale);
+        if (lane + 32 * t < Dk) put(dq, dq16, head(Lq, i) + lane + 32 * t, acc[r][t] * scale);
     }
   } else {  // dk_j = scale sum_i ds_ij q_i, dv_j = sum_i p'_ij dctx_i for the tile's keys
     const int j0 = (blockIdx.y - query_tiles) * kAttentionTile;
@@ -2621,8 +2642,8 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
       if (j >= Lk) break;
       for (int t = 0; t < kSlots; ++t)
         if (lane + 32 * t < Dk) {
-          put(head(dk, Lk, j) + lane + 32 * t, acc[r][t] * scale);
-          put(head(dv, Lk, j) + lane + 32 * t, acc_v[r][t]);
+          put(dk, dk16, head(Lk, j) + lane + 32 * t, acc[r][t] * scale);
+          put(dv, dv16, head(Lk, j) + lane + 32 * t, acc_v[r][t]);
         }
     }
   }
@@ -2647,23 +2668,24 @@ void attention_forward(float* ctx, float* p, const float* q, const float* k, con
   const dim3 grid(B * H, (Lq + kAttentionTile - 1) / kAttentionTile);
   with_head_slots(D, H, [&](auto slots) {
     LAUNCH(attention_forward_kernel<decltype(slots)::value>, grid, kAttentionThreads, attention_shared_bytes(D / H), ctx,
-           bf16_twin_of(ctx), p, q, k, v, key_valid, causal, drop, H, Lq, Lk, D);
+           bf16_twin_of(ctx, (size_t)B * Lq * D), p, q, k, v, key_valid, causal, drop, H, Lq, Lk, D);
   });
 }
 
-// attention_backward with dq, dk and dv added to (add) or written
-static void attention_backward(float* dq, float* dk, float* dv, bool add, const float* dctx, const float* p, const float* q,
-                               const float* k, const float* v, DropoutKey drop, int B, int Lq, int Lk, int D, int H) {
+// attention_backward with dq, dk and dv added to (add) or written, and their bf16 roundings written (dq16, dk16, dv16, or null)
+static void attention_backward(float* dq, float* dk, float* dv, bf16* dq16, bf16* dk16, bf16* dv16, bool add, const float* dctx,
+                               const float* p, const float* q, const float* k, const float* v, DropoutKey drop, int B, int Lq, int Lk,
+                               int D, int H) {
   if ((size_t)B * H * (Lq + Lk) == 0) return;
   const dim3 grid(B * H, (Lq + kAttentionTile - 1) / kAttentionTile + (Lk + kAttentionTile - 1) / kAttentionTile);
   with_head_slots(D, H, [&](auto slots) {
-    LAUNCH(attention_backward_kernel<decltype(slots)::value>, grid, kAttentionThreads, attention_shared_bytes(D / H), dq, dk, dv, dctx,
-           p, q, k, v, drop, add, H, Lq, Lk, D);
+    LAUNCH(attention_backward_kernel<decltype(slots)::value>, grid, kAttentionThreads, attention_shared_bytes(D / H), dq, dk, dv, dq16,
+           dk16, dv16, dctx, p, q, k, v, drop, add, H, Lq, Lk, D);
   });
 }
 void attention_backward(float* dq, float* dk, float* dv, const float* dctx, const float* p, const float* q, const float* k,
                         const float* v, DropoutKey drop, int B, int Lq, int Lk, int D, int H) {
-  attention_backward(dq, dk, dv, true, dctx, p, q, k, v, drop, B, Lq, Lk, D, H);
+  attention_backward(dq, dk, dv, nullptr, nullptr, nullptr, true, dctx, p, q, k, v, drop, B, Lq, Lk, D, H);
 }
 
 void multihead_attention_forward(float* out, const AttentionActs<float>& a, const float* xq, const float* xkv,
@@ -2683,14 +2705,17 @@ void multihead_attention_backward(float* dxq, float* dxkv, const AttentionWeight
                                   const AttentionActs<float>& a, const AttentionActs<float>& s, const float* xq,
                                   const float* xkv, const AttentionWeights<float>& w, DropoutKey drop, int B, int Lq, int Lk,
                                   int D, int H) {
-  // the forward call list, in reverse; s holds scratch for dq, dk, dv, dctx, each written (not added)
-  linear_backward(s.ctx, false, dw.wo, nullptr, operand(dout, (size_t)B * Lq * D, kLeft), a.ctx, w.wo, B * Lq, D, D);
-  attention_backward(s.q, s.k, s.v, false, s.ctx, a.p, a.q, a.k, a.v, drop, B, Lq, Lk, D, H);
-  const Operand kv_in = operand(xkv, (size_t)B * Lk * D, kShared);  // in bf16 rounded once for dWv and dWk
-  project_backward(dxkv, true, dw.wv, operand(s.v, (size_t)B * Lk * D, kLeft), kv_in, w.wv, B * Lk, D, D);
-  project_backward(dxkv, true, dw.wk, operand(s.k, (size_t)B * Lk * D, kLeft), kv_in, w.wk, B * Lk, D, D);
-  const Operand q_in = xq == xkv ? kv_in : operand(xq, (size_t)B * Lq * D, kShared);
-  project_backward(dxq, true, dw.wq, operand(s.q, (size_t)B * Lq * D, kLeft), q_in, w.wq, B * Lq, D, D);
+  // the forward call list, in reverse; s holds scratch for dq, dk, dv, dctx, each written (not added); in
+  // bf16 the attention's kernel rounds dq, dk and dv as it writes them
+  const size_t nq = (size_t)B * Lq * D, nk = (size_t)B * Lk * D;
+  linear_backward(s.ctx, false, dw.wo, nullptr, operand(dout, nq, kLeft), a.ctx, w.wo, B * Lq, D, D);
+  bf16 *dq16 = rounded_in_pass(nq, kDq), *dk16 = rounded_in_pass(nk, kDk), *dv16 = rounded_in_pass(nk, kDv);
+  attention_backward(s.q, s.k, s.v, dq16, dk16, dv16, false, s.ctx, a.p, a.q, a.k, a.v, drop, B, Lq, Lk, D, H);
+  const Operand kv_in = operand(xkv, nk, kShared);  // in bf16 rounded once for dWv and dWk
+  project_backward(dxkv, true, dw.wv, {s.v, dv16}, kv_in, w.wv, B * Lk, D, D);
+  project_backward(dxkv, true, dw.wk, {s.k, dk16}, kv_in, w.wk, B * Lk, D, D);
+  const Operand q_in = xq == xkv ? kv_in : operand(xq, nq, kShared);
+  project_backward(dxq, true, dw.wq, {s.q, dq16}, q_in, w.wq, B * Lq, D, D);
 }
 
 // ---- [Eq. 2, §3.3] the feed-forward network ----------------------------------------------------------
@@ -2715,14 +2740,12 @@ __global__ void relu_backward_kernel(float* dh, bf16* dh16, const float* hpre, D
     if (dh16) dh16[i] = __float2bfloat16(dh[i]);
   }
 }
-// Where a pass of ours rounds a product's left operand of n elements on its way: kLeft's scratch in bf16, else null.
-static bf16* rounded_in_pass(size_t n) { return products() == Precision::bf16 && n ? bf16_scratch(kLeft, n) : nullptr; }
 
 void ffn_forward(float* out, const FfnActs<float>& a, const float* in, const FfnWeights<float>& w, DropoutKey relu_drop,
                  int M, int D, int F) {
   const size_t n = (size_t)M * F;
   gemm(false, false, M, F, D, in, D, w.w1, F, a.hpre, F, false);  // hpre = in W1, then + b1, ReLU, dropout
-  bf16* h16 = bf16_twin_of(a.h) ? bf16_twin_of(a.h) : rounded_in_pass(n);
+  bf16* h16 = bf16_twin_of(a.h, n) ? bf16_twin_of(a.h, n) : rounded_in_pass(n);
   LAUNCH(bias_relu_dropout_kernel, blocks_for(n), 256, 0, a.hpre, a.h, h16, w.b1, relu_drop, (size_t)M, F,
          (float)dropout_scale(relu_drop));
   linear_forward(out, Operand{a.h, h16}, w.w2, w.b2, M, F, D);
@@ -2846,22 +2869,25 @@ __global__ void residual_dropout_layernorm_kernel(float* out, bf16* out16, float
   if (threadIdx.x == 0) mean[blockIdx.x] = mu, rstd[blockIdx.x] = rs;
 }
 // The residual's gradient g_i of the sum, added to x's and, through the dropout mask, to y's.
-__device__ void residual_dropout_add(float* dx, float* dy, float g, DropoutKey drop, float scale, size_t i) {
+// dy16: dy's bf16 twin, or null.
+__device__ void residual_dropout_add(float* dx, float* dy, bf16* dy16, float g, DropoutKey drop, float scale, size_t i) {
   dx[i] += g;
   dy[i] += drop.p == 0 || dropout_keeps(drop, i) ? g * scale : 0.f;
+  if (dy16) dy16[i] = __float2bfloat16(dy[i]);
 }
-__global__ void residual_dropout_backward_kernel(float* dx, float* dy, const float* dout, DropoutKey drop, float scale, size_t n) {
+__global__ void residual_dropout_backward_kernel(float* dx, float* dy, bf16* dy16, const float* dout, DropoutKey drop, float scale,
+                                                 size_t n) {
   drop = at_step(drop);
-  GRID_STRIDE(i, n) residual_dropout_add(dx, dy, dout[i], drop, scale, i);
+  GRID_STRIDE(i, n) residual_dropout_add(dx, dy, dy16, dout[i], drop, scale, i);
 }
 // One block per row: LayerNorm's input gradient of the row, straight into the residual's two paths.
-__global__ void residual_dropout_layernorm_backward_kernel(float* dx, float* dy, const float* dout, const float* sum,
+__global__ void residual_dropout_layernorm_backward_kernel(float* dx, float* dy, bf16* dy16, const float* dout, const float* sum,
                                                            const float* g, const float* mean, const float* rstd, DropoutKey drop,
                                                            float scale, int D) {
   drop = at_step(drop);
   __shared__ float red[kRowThreads];
   layernorm_row_backward(blockIdx.x, dout, sum, g, mean, rstd, D, red,
-                         [=](size_t i, float dsum) { residual_dropout_add(dx, dy, dsum, drop, scale, i); });
+                         [=](size_t i, float dsum) { residual_dropout_add(dx, dy, dy16, dsum, drop, scale, i); });
 }
 void residual_dropout_forward(float* out, const float* x, const float* y, DropoutKey drop, size_t n) {
   if (n) LAUNCH(residual_dropout_kernel, blocks_for(n), 256, 0, out, x, y, drop, (float)dropout_scale(drop), n);
@@ -2869,16 +2895,16 @@ void residual_dropout_forward(float* out, const float* x, const float* y, Dropou
 void residual_dropout_layernorm_forward(float* out, float* sum, float* mean, float* rstd, const float* x, const float* y,
                                         DropoutKey drop, const float* g, const float* b, int M, int D, double eps) {
   if (M == 0) return;
-  LAUNCH(residual_dropout_layernorm_kernel, M, row_threads(D), 0, out, bf16_twin_of(out), sum, mean, rstd, x, y, drop,
+  LAUNCH(residual_dropout_layernorm_kernel, M, row_threads(D), 0, out, bf16_twin_of(out, (size_t)M * D), sum, mean, rstd, x, y, drop,
          (float)dropout_scale(drop), g, b, D, (float)eps);
 }
 void residual_dropout_backward(float* dx, float* dy, const float* dout, DropoutKey drop, size_t n) {
-  if (n) LAUNCH(residual_dropout_backward_kernel, blocks_for(n), 256, 0, dx, dy, dout, drop, (float)dropout_scale(drop), n);
+  if (n) LAUNCH(residual_dropout_backward_kernel, blocks_for(n), 256, 0, dx, dy, bf16_twin_of(dy, n), dout, drop, (float)dropout_scale(drop), n);
 }
 void residual_dropout_layernorm_backward(float* dx, float* dy, float* dg, float* db, float*, const float* dout, const float* sum,
                                          const float* g, const float* mean, const float* rstd, DropoutKey drop, int M, int D) {
   if (M == 0) return;
-  LAUNCH(residual_dropout_layernorm_backward_kernel, M, row_threads(D), 0, dx, dy, dout, sum, g, mean, rstd, drop,
+  LAUNCH(residual_dropout_layernorm_backward_kernel, M, row_threads(D), 0, dx, dy, bf16_twin_of(dy, (size_t)M * D), dout, sum, g, mean, rstd, drop,
          (float)dropout_scale(drop), D);
   layernorm_param_grads(dg, db, dout, sum, mean, rstd, M, D);
 }
@@ -2926,15 +2952,19 @@ __global__ void count_targets_kernel(double* tokens, const int* targets, size_t 
   if (threadIdx.x == 0) atomicAdd(tokens, c);
 }
 
-__global__ void xent_backward_kernel(float* dlogits, const float* logits, const float* lse, const int* targets, int V, float qt,
-                                     float qo, const double* tokens, int pad) {
+// dlogits16: dlogits' bf16 twin, or null (written for padding's rows too, which get no gradient).
+__global__ void xent_backward_kernel(float* dlogits, bf16* dlogits16, const float* logits, const float* lse, const int* targets, int V,
+                                     float qt, float qo, const double* tokens, int pad) {
   const int t = targets[blockIdx.x];
-  if (t == pad || *tokens == 0) return;
-  const float inv_n = (float)(1.0 / *tokens);
+  const bool none = t == pad || *tokens == 0;
+  const float inv_n = none ? 0.f : (float)(1.0 / *tokens);
   const float* z = logits + (size_t)blockIdx.x * V;
   float* dz = dlogits + (size_t)blockIdx.x * V;
   const float l = lse[blockIdx.x];
-  for (int v = threadIdx.x; v < V; v += blockDim.x) dz[v] += (expf(z[v] - l) - (v == t ? qt : qo)) * inv_n;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) {
+    if (!none) dz[v] += (expf(z[v] - l) - (v == t ? qt : qo)) * inv_n;
+    if (dlogits16) dlogits16[(size_t)blockIdx.x * V + v] = __float2bfloat16(dz[v]);
+  }
 }
 
 double label_smoothed_xent_forward(float* lse, const float* logits, const int* targets, int M, int V, double eps,
@@ -2970,7 +3000,8 @@ void label_smoothed_xent_backward(float* dlogits, const float* logits, const flo
   // the number of real tokens is counted on the device: nothing comes back to the host
   CUDA_CHECK(cudaMemsetAsync(scalar(kTokenCount), 0, sizeof(double), stream()));
   LAUNCH(count_targets_kernel, std::min(blocks_for(M), 64u), kRowThreads, 0, scalar(kTokenCount), targets, M, pad);
-  LAUNCH(xent_backward_kernel, M, row_threads(V), 0, dlogits, logits, lse, targets, V, (float)qt, (float)qo, scalar(kTokenCount), pad);
+  LAUNCH(xent_backward_kernel, M, row_threads(V), 0, dlogits, bf16_twin_of(dlogits, (size_t)M * V), logits, lse, targets, V, (float)qt, (float)qo,
+         scalar(kTokenCount), pad);
 }
 
 // ---- §5.3 Adam over the whole buffer, gradient-norm clipping -------------------------------------------
@@ -3321,11 +3352,15 @@ class GpuModel : public DeviceModel {
     B = b.B, S = b.S, Tl = b.T;
     keep_bf16_twins();
   }
-  // [mixed precision] The activations that products read after their one producer, which writes each one's
+  // [mixed precision] The activations that products read after their producer, which writes each one's
   // bf16 twin in the same pass (gpu::set_bf16_twins), so that no product rounds them again, forward or
-  // backward: each attention's ctx, each FFN's h, and post-LN each sub-layer connection's output (the next
+  // backward: each attention's ctx, each FFN's h, the embedded inputs x0 (their embedding, then their
+  // dropout in place, each writes it), and post-LN each sub-layer connection's output (the next
   // sub-layer's input, the encoder's output, the decoder's). Pre-LN's sub-layer inputs come from
-  // layernorm_forward, which writes none: they are rounded on their way into the products.
+  // layernorm_forward, which writes none: they are rounded on their way into the products. Two gradients
+  // too: the logits' (the loss's backward writes it) and a sub-layer's output's, d_sub (the residual's
+  // backward adds into it once, after a fill that no product reads; the embeddings' backward uses it as
+  // scratch, through dropout's backward, which writes the twin too).
   void keep_bf16_twins() {
     twin_list.clear();
     if (gpu::products() == Precision::bf16) {
@@ -3334,6 +3369,7 @@ class GpuModel : public DeviceModel {
       const auto connection = [&](const SublayerActs<float>& a, size_t M) {
         if (!c.pre_ln) twin_list.push_back({a.out, M * D});
       };
+      twin_list.push_back({acts.enc.x0, Ms * D}), twin_list.push_back({acts.dec.x0, Mt * D});
       for (const EncoderLayerActs<float>& l : acts.enc_layers) {
         twin_list.push_back({l.self.ctx, Ms * D}), twin_list.push_back({l.ffn.h, Ms * F});
         connection(l.self_sub, Ms), connection(l.ffn_sub, Ms);
@@ -3342,6 +3378,7 @@ class GpuModel : public DeviceModel {
         twin_list.push_back({l.self.ctx, Mt * D}), twin_list.push_back({l.cross.ctx, Mt * D}), twin_list.push_back({l.ffn.h, Mt * F});
         connection(l.self_sub, Mt), connection(l.cross_sub, Mt), connection(l.ffn_sub, Mt);
       }
+      twin_list.push_back({acts.dlogits, Mt * c.V}), twin_list.push_back({acts.d_sub, std::max(Ms, Mt) * D});
     }
     size_t need = 0;
     for (const auto& t : twin_list) need += t.second;

@@ -898,10 +898,11 @@ int main() {
               tag.c_str(), n.l2, n.worst_cos);
     // The activations' bf16 twins, which the products read instead of rounding them: each is its buffer
     // rounded, as its producer wrote both (a twin left stale, by a producer that does not write it, is not).
-    // Post-LN: each attention's ctx, each FFN's h and each sub-layer connection's output; pre-LN the first two.
+    // Post-LN: each attention's ctx, each FFN's h and each sub-layer connection's output; pre-LN the first
+    // two; both, the embedded inputs and the gradients of the logits and of a sub-layer's output.
     {
       const auto twins = gpu::bf16_twins();
-      const size_t want = (size_t)c.N * (pre_ln ? 2 + 3 : 4 + 6);
+      const size_t want = (size_t)c.N * (pre_ln ? 2 + 3 : 4 + 6) + 4;
       size_t stale = 0, elements = 0;
       for (const auto& [p, count] : twins) {
         std::vector<float> f(count);
