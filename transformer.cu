@@ -2176,11 +2176,16 @@ static std::vector<Bf16Copy>& bf16_copies() {
   static std::vector<Bf16Copy> copies;
   return copies;
 }
+// The entry of the buffer that holds p, if it has a bf16 copy or twin.
+static const Bf16Copy* bf16_entry_of(const float* p) {
+  for (const Bf16Copy& c : bf16_copies())
+    if (p >= c.base && p < c.base + c.n) return &c;
+  return nullptr;
+}
 // The bf16 copy (or twin) of the n elements at p, if they lie in a buffer that has one.
 static bf16* bf16_copy_of(const float* p, size_t n = 1) {
-  for (const Bf16Copy& c : bf16_copies())
-    if (p >= c.base && p < c.base + c.n) return n <= (size_t)(c.base + c.n - p) ? c.copy + (p - c.base) : nullptr;
-  return nullptr;
+  const Bf16Copy* c = bf16_entry_of(p);
+  return c && n <= (size_t)(c->base + c->n - p) ? c->copy + (p - c->base) : nullptr;
 }
 void keep_bf16_copy(const float* p, size_t n) {
   if (bf16_copy_of(p)) return;
@@ -2214,13 +2219,10 @@ void drop_bf16_copy(const float* p) {
 // The twin a producer writes beside its output, the n elements at p (bf16 products, p listed by
 // set_bf16_twins), else null.
 static bf16* bf16_twin_of(const float* p, size_t n) {
-  if (products() != Precision::bf16) return nullptr;
-  for (const Bf16Copy& c : bf16_copies())
-    if (c.twin && p >= c.base && p < c.base + c.n) {
-      if (n > (size_t)(c.base + c.n - p)) throw std::logic_error("a producer writes past its output's bf16 twin");
-      return c.copy + (p - c.base);
-    }
-  return nullptr;
+  const Bf16Copy* c = products() == Precision::bf16 ? bf16_entry_of(p) : nullptr;
+  if (!c || !c->twin) return nullptr;
+  if (n > (size_t)(c->base + c->n - p)) throw std::logic_error("a producer writes past its output's bf16 twin");
+  return c->copy + (p - c->base);
 }
 std::vector<float> bf16_copy(const float* p, size_t n) {
   const bf16* c = bf16_copy_of(p, n);
@@ -2745,7 +2747,8 @@ void ffn_forward(float* out, const FfnActs<float>& a, const float* in, const Ffn
                  int M, int D, int F) {
   const size_t n = (size_t)M * F;
   gemm(false, false, M, F, D, in, D, w.w1, F, a.hpre, F, false);  // hpre = in W1, then + b1, ReLU, dropout
-  bf16* h16 = bf16_twin_of(a.h, n) ? bf16_twin_of(a.h, n) : rounded_in_pass(n);
+  bf16* h16 = bf16_twin_of(a.h, n);
+  if (!h16) h16 = rounded_in_pass(n);
   LAUNCH(bias_relu_dropout_kernel, blocks_for(n), 256, 0, a.hpre, a.h, h16, w.b1, relu_drop, (size_t)M, F,
          (float)dropout_scale(relu_drop));
   linear_forward(out, Operand{a.h, h16}, w.w2, w.b2, M, F, D);
