@@ -4,20 +4,23 @@
 #   1. the generator refuses unpaired or unknown markers, unknown tasks, sheets that disagree, with one line;
 #   2. the solution scores 100%, with and without the hidden example, and a tampered hidden snapshot loses
 #      points (the hidden checks can fail);
-#   3. for every task, the handout with only that task blanked builds and scores 0 on it and full points on
-#      every other task (graded with --reference, the solution: a task whose checks call the blanked one is
-#      graded again on its own code alone);
+#   3. every task blanked scores 0 and leaves full points to every task not blanked (graded with --reference,
+#      the solution: a task whose checks call a blanked one is graded again on its own code alone);
 #   4. the handout with every task blanked builds completely (`make all`) and scores 0;
-#   5. every planted wrong answer of course/mutants.txt, alone in the solution, loses points on its task,
-#      and a task that hangs or crashes loses its own points only; a planted answer in a task whose checks
-#      call other tasks loses points again with those tasks blanked (the isolated grading cannot pass it);
+#   5. every planted wrong answer of course/mutants.txt loses points on its task, and every task without
+#      one keeps full points; a task that hangs or crashes loses its own points only; a planted answer in
+#      a task whose checks call other tasks loses points again with those tasks blanked (the isolated
+#      grading cannot pass it).
+#   In 3 and 5 a tree holds the blanks or planted answers of several tasks, no two of them related (see
+#   course 3-5 below): each is graded as it would be alone in the solution, for one build instead of one
+#   a task;
 #   6. `make submission` packs the edited files and warns about any other changed file;
 #   7. Gradescope's run_autograder (course/gradescope/) on the every-task handout with the hidden example:
 #      the solution's files submitted score 100% with hidden tests, a submission that does not build 0.
 # Trees are built with CXXFLAGS=-O1 from one baseline build: a job rebuilds only what its change touches.
 #   bash course/ci.sh            everything (jobs in parallel, one per core)
-#   bash course/ci.sh --job J    one job: "blank TASK", "blank all" or "mutant TASK KIND [BLANKED,...]"
-#                                (used internally)
+#   bash course/ci.sh --job J    one tree: "blank TASK,...", "blank all" or
+#                                "mutant TASK=KIND,... [BLANKED,...]" (used internally)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -54,20 +57,32 @@ elif job[0] == "tampered":
 elif job[0] == "blank" and job[1] == "all":
     problems = ["%s scores %.2f" % (t, score[t]) for t in score if score[t] > 0]
 elif job[0] == "blank":
-    x = job[1]
-    if score.get(x, 1) != 0: problems.append("%s scores %.2f with its stub" % (x, score.get(x, -1)))
-    problems += ["%s lost points: %s" % (t, failed[t][0]) for t in score if t != x and score[t] < full[t] - 1e-9]
+    blanked = job[1].split(",")
+    problems = ["%s scores %.2f with its stub" % (x, score.get(x, -1)) for x in blanked if score.get(x, 1) != 0]
+    problems += ["%s lost points: %s" % (t, failed[t][0]) for t in score if t not in blanked and score[t] < full[t] - 1e-9]
 elif job[0] == "isolated":
     t = job[1]
     if score[t] != 0: problems.append("%s scores %.2f although it %s" % (t, score[t], "hangs" if job[2] == "hang" else "crashes"))
     problems += ["%s lost points: %s" % (u, failed[u][0]) for u in score if u != t and score[u] < full[u] - 1e-9]
     row = "%s %.2f/%g (%s), every other task full" % (t, score[t], full[t], failed.get(t, ["?"])[0][8:60])
-elif job[0] == "mutant":
-    t = job[1]
-    if not score[t] < full[t] - 1e-9: problems.append("the planted answer is not caught: %s scores %.2f/%g" % (t, score[t], full[t]))
-    if len(job) > 3 and any("TODO(task=" in o for o in failed.get(t, [])):
-        problems.append("%s was not graded in isolation from %s: %s" % (t, job[3], [o for o in failed[t] if "TODO(task=" in o][0]))
-    row = "%s %.2f/%g%s" % (t, score[t], full[t], " (%s blanked)" % job[3] if len(job) > 3 else "")
+elif job[0] == "mutant":  # one line for each planted answer, then one for any other task that lost points
+    planted = [m.split("=") for m in job[1].split(",")]
+    blanked = job[2].split(",") if len(job) > 2 else []
+    bad = False
+    for t, kind in planted:
+        problems = []
+        if not score[t] < full[t] - 1e-9: problems.append("the planted answer is not caught: %s scores %.2f/%g" % (t, score[t], full[t]))
+        if blanked and any("TODO(task=" in o for o in failed.get(t, [])):
+            problems.append("%s was not graded in isolation from %s: %s" % (t, job[2], [o for o in failed[t] if "TODO(task=" in o][0]))
+        row = "%s %.2f/%g%s" % (t, score[t], full[t], " (%s blanked)" % job[2] if blanked else "")
+        print("%-4s %-45s %s" % ("FAIL" if problems else "ok", "mutant %s %s" % (t, kind), row))
+        for p in problems: print("     " + p)
+        bad = bad or bool(problems)
+    others = ["%s lost points: %s" % (t, failed[t][0]) for t in score
+              if t not in dict(planted) and t not in blanked and score[t] < full[t] - 1e-9]
+    if others:
+        print("FAIL %-45s %s" % ("mutant " + job[1], "; ".join(others)))
+    sys.exit(1 if bad or others else 0)
 print("%-4s %-45s %s" % ("FAIL" if problems else "ok", " ".join(job), row))
 for p in problems: print("     " + p)
 sys.exit(1 if problems else 0)
@@ -76,11 +91,14 @@ EOF
 
 # One job in its own tree: generate, reuse the baseline's objects, build, grade, judge.
 run_job() {
-  local job=$1 dir
-  dir=$work/$(echo "$job" | tr ' ' '-')
+  local job=$1 dir m
+  dir=$work/job-$(echo "$job" | md5sum | cut -c1-12)
+  [ "$job" = "blank all" ] && dir=$work/blank-all
   set -- $job
   if [ "$1" = mutant ]; then
-    python3 course/handout.py --mutant "$2" "$3" --tasks "${4:-none}" --out "$dir" >/dev/null
+    local plant=()
+    for m in ${2//,/ }; do plant+=(--mutant "${m%%=*}" "${m#*=}"); done
+    python3 course/handout.py "${plant[@]}" --tasks "${3:-none}" --out "$dir" >/dev/null
   else
     python3 course/handout.py --tasks "$2" --keep-markers --out "$dir" >/dev/null
   fi
@@ -91,7 +109,7 @@ run_job() {
     echo "FAIL $job: does not build"; tail -5 "$dir/build.log"; return 1
   fi
   local limit=300 words=$job
-  case "$job" in *" hang" | *" crash") limit=10 words="isolated $2 $3" ;; esac
+  case "$job" in *"=hang" | *"=crash") limit=10 words="isolated ${2%%=*} ${2#*=}" ;; esac
   (cd "$dir" && python3 course/grade.py --timeout $limit --reference "$work/base" --results results.json >grade.txt 2>&1) || { echo "FAIL $job: the grader did not run"; tail -3 "$dir/grade.txt"; return 1; }
   [ "$job" = "blank all" ] && cp "$dir/grade.txt" "$work/blank-all-table.txt"
   verdict "$dir" $words
@@ -150,20 +168,61 @@ EOF
 verdict "$work/base" tampered learning_rate || fails=$((fails + 1))
 (cd "$work/base" && python3 course/grade.py --results results.json > /dev/null)
 
-echo "== course 3-5: one tree per blanked task, every task blanked, every planted answer ($cores at a time)"
-{
-  python3 course/handout.py --list | while read -r task _; do echo "blank $task"; done
-  echo "blank all"
-  sed -n 's/^== //p' course/mutants.txt | while read -r task kind; do
-    echo "mutant $task $kind"
-    deps=$(awk -F'\t' -v t="$task" '$1 == "task" && $2 == t {print $3}' "$work/base/list.txt")
-    if [ -n "$deps" ]; then echo "mutant $task $kind $deps"; fi
-  done
-} > "$work/jobs.txt"
+echo "== course 3-5: blanked tasks, every task blanked, every planted answer ($cores trees at a time)"
+# Trees hold several tasks' blanks or planted answers at once, as long as no two of those tasks are related
+# (neither's checks call the other, directly or not): then each such task is graded exactly as in a tree of
+# its own (a task that calls one of them loses points first and is graded again in isolation, as it would
+# be there), and a tree costs one build of transformer.cu instead of one per task. A planted answer that
+# hangs or crashes gets a tree of its own (its 10 s limit per task).
+python3 - "$work/base/list.txt" course/mutants.txt > "$work/jobs.txt" <<'EOF2'
+import sys
+calls, order = {}, []
+for l in open(sys.argv[1]):
+    if l.startswith("task\t"):
+        _, t, d = l.rstrip("\n").split("\t")
+        order.append(t)
+        calls[t] = [x for x in d.split(",") if x]
+def reach(t, seen=()):
+    return set().union(*[{d} | reach(d, seen + (t,)) for d in calls[t] if d not in seen])
+closure = {t: reach(t) for t in order}
+related = lambda a, b: a == b or a in closure[b] or b in closure[a]
+def rounds(items):  # items: (task, text); greedily into groups of unrelated tasks, the most related first
+    out = []
+    for t, x in sorted(items, key=lambda i: -sum(related(i[0], u) for u in order)):
+        for r in out:
+            if not any(related(t, u) for u, _ in r):
+                r.append((t, x))
+                break
+        else:
+            out.append([(t, x)])
+    return out
+planted = [l[3:].split() for l in open(sys.argv[2]) if l.startswith("== ")]
+alone = [(t, k) for t, k in planted if k in ("hang", "crash")]
+blanks = rounds([(t, t) for t in order])
+plain = rounds([(t, "%s=%s" % (t, k)) for t, k in planted if (t, k) not in alone])
+isolated = rounds([(t, "%s=%s" % (t, k)) for t, k in planted if (t, k) not in alone and calls[t]])
+# every task blanked once, every planted answer planted once, and once more where its task calls others
+assert sorted(x for r in blanks for _, x in r) == sorted(order), "a task is not blanked exactly once"
+assert sorted([x.split("=") for r in plain for _, x in r] + [list(a) for a in alone]) == sorted(planted), "a planted answer is lost"
+assert sorted(x for r in isolated for _, x in r) == sorted("%s=%s" % (t, k) for t, k in planted if (t, k) not in alone and calls[t])
+for r in blanks + plain + isolated:
+    assert all(not related(t, u) for i, (t, _) in enumerate(r) for u, _ in r[i + 1:]), "two related tasks in one tree"
+for r in blanks:
+    print("blank " + ",".join(x for _, x in r))
+print("blank all")
+for r in plain:
+    print("mutant " + ",".join(x for _, x in r))
+for r in isolated:
+    print("mutant %s %s" % (",".join(x for _, x in r), ",".join(sorted({d for t, _ in r for d in calls[t]}))))
+for t, k in alone:
+    print("mutant %s=%s" % (t, k))
+EOF2
+# the verdicts expected: one line for each blank tree, and one for each planted answer
+expected=$(awk '$1 == "blank" {n++} $1 == "mutant" {n += split($2, a, ",")} END {print n}' "$work/jobs.txt")
 if ! xargs -P "$cores" -I{} bash course/ci.sh --job "{}" < "$work/jobs.txt" > "$work/jobs.log" 2>&1; then fails=$((fails + 1)); fi
 sort -k2 "$work/jobs.log" | grep -v '^ok' || true
-echo "$(grep -c '^ok' "$work/jobs.log") of $(wc -l < "$work/jobs.txt") jobs ok"
-[ "$(grep -c '^ok' "$work/jobs.log")" = "$(wc -l < "$work/jobs.txt")" ] || fails=$((fails + 1))
+echo "$(grep -c '^ok' "$work/jobs.log") of $expected verdicts ok, $(wc -l < "$work/jobs.txt") trees"
+[ "$(grep -c '^ok' "$work/jobs.log")" = "$expected" ] && ! grep -q '^FAIL' "$work/jobs.log" || fails=$((fails + 1))
 echo "-- planted wrong answers: the task's score"
 grep -E ' (mutant|isolated) ' "$work/jobs.log" | sort -k2 || true
 echo "-- the handout with every task blanked"

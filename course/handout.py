@@ -122,14 +122,17 @@ def plant(body, edits, used):
     return body
 
 
-def make_handout(root, chosen, out, keep_markers, mutant=None):
+def make_handout(root, chosen, out, keep_markers, mutants=()):
+    """mutants: (task, kind) pairs of course/mutants.txt, at most one per task, each planted in its task."""
     regions, points, sh = validate(root)
-    edits = None
-    if mutant:
-        edits = read_mutants(root).get(tuple(mutant))
-        if edits is None or mutant[0] not in points:
-            raise Refusal("no planted answer '%s %s' in course/mutants.txt" % tuple(mutant))
-        used = [0] * len(edits)
+    planted, edits, used = dict(mutants), {}, {}
+    known = read_mutants(root) if mutants else {}
+    for task, kind in mutants:
+        if (task, kind) not in known or task not in points:
+            raise Refusal("no planted answer '%s %s' in course/mutants.txt" % (task, kind))
+        edits[task], used[task] = known[(task, kind)], [0] * len(known[(task, kind)])
+    if len(planted) < len(mutants):
+        raise Refusal("two planted answers in one task")
     if os.path.exists(out) and os.listdir(out):
         raise Refusal("OUT=%s exists and is not empty" % out)
     by_file = {}
@@ -140,7 +143,7 @@ def make_handout(root, chosen, out, keep_markers, mutant=None):
     for rel in tree_files(root):
         src, dst = os.path.join(root, rel), os.path.join(out, rel)
         os.makedirs(os.path.dirname(dst) or ".", exist_ok=True)
-        mutated = mutant and any(r.task == mutant[0] for r in by_file.get(rel, []))
+        mutated = any(r.task in planted for r in by_file.get(rel, []))
         if rel in by_file and (rel in editable or not keep_markers or mutated):
             lines = open(src, encoding="utf-8").read().split("\n")
             new, last = [], 0
@@ -148,9 +151,9 @@ def make_handout(root, chosen, out, keep_markers, mutant=None):
                 new += lines[last:r.begin]
                 if r.task in chosen:
                     new += [lines[r.begin]] + stub(r, lines) + [lines[r.end]]
-                elif mutant and r.task == mutant[0]:
-                    body = plant(lines[r.begin + 1:r.end], edits, used)
-                    new += [lines[r.begin]] + ([] if mutant[1] == "zeros" else body) + [lines[r.end]]
+                elif r.task in planted:
+                    body = plant(lines[r.begin + 1:r.end], edits[r.task], used[r.task])
+                    new += [lines[r.begin]] + ([] if planted[r.task] == "zeros" else body) + [lines[r.end]]
                 elif keep_markers:
                     new += lines[r.begin:r.end + 1]
                 else:
@@ -164,8 +167,9 @@ def make_handout(root, chosen, out, keep_markers, mutant=None):
             shutil.copy2(src, dst)  # the modification time too: a build of the solution's objects stays valid
         if rel not in editable:
             manifest.append("%s  %s" % (hashlib.sha256(open(dst, "rb").read()).hexdigest(), rel))
-    if mutant and any(u != 1 for u in used):
-        raise Refusal("planted answer '%s %s': its lines are not each found once in the task's regions" % tuple(mutant))
+    for task, kind in mutants:
+        if any(u != 1 for u in used[task]):
+            raise Refusal("planted answer '%s %s': its lines are not each found once in the task's regions" % (task, kind))
     os.makedirs(os.path.join(out, "course"), exist_ok=True)
     with open(os.path.join(out, "course", "EDITABLE"), "w") as f:
         f.write("".join(p + "\n" for p in editable))
@@ -196,8 +200,9 @@ def main():
     p.add_argument("--keep-markers", action="store_true",
                    help="keep the markers of the tasks not chosen (CI grades every task of such a handout)")
     p.add_argument("--check", action="store_true", help="validate the markers and sheets, write nothing")
-    p.add_argument("--mutant", nargs=2, metavar=("TASK", "KIND"),
-                   help="plant a wrong answer of course/mutants.txt (CI): markers kept; the tasks of --tasks blanked")
+    p.add_argument("--mutant", nargs=2, metavar=("TASK", "KIND"), action="append", default=[],
+                   help="plant a wrong answer of course/mutants.txt (CI; repeated: one per task): markers kept; "
+                        "the tasks of --tasks blanked")
     p.add_argument("--list", action="store_true", help="print the task ids and points")
     a = p.parse_args()
     try:
@@ -210,9 +215,10 @@ def main():
         if not a.out:
             raise Refusal("OUT= names the handout's folder")
         names = [t for t in a.tasks.split(",") if t]
+        planted = ", ".join("'%s %s'" % tuple(m) for m in a.mutant)
         if a.mutant and names in ([], ["none"]):
             make_handout(a.root, set(), a.out, True, a.mutant)
-            print("solution with planted answer '%s %s' in %s" % (a.mutant[0], a.mutant[1], a.out))
+            print("solution with planted answer%s %s in %s" % ("s" if len(a.mutant) > 1 else "", planted, a.out))
             return 0
         if names == ["all"]:
             chosen = set(points)
@@ -225,11 +231,12 @@ def main():
             if unknown:
                 raise Refusal("unknown task %s (the tasks: %s)" % (", ".join(unknown), ",".join(points)))
             chosen = set(names)
-        if a.mutant and a.mutant[0] in chosen:
-            raise Refusal("the planted answer's task %s is also blanked" % a.mutant[0])
+        both = [m[0] for m in a.mutant if m[0] in chosen]
+        if both:
+            raise Refusal("the planted answer's task %s is also blanked" % both[0])
         order, editable = make_handout(a.root, chosen, a.out, a.keep_markers or bool(a.mutant), a.mutant)
         if a.mutant:
-            print("planted answer '%s %s' in %s, with %s blanked" % (a.mutant[0], a.mutant[1], a.out, ",".join(order)))
+            print("planted answer%s %s in %s, with %s blanked" % ("s" if len(a.mutant) > 1 else "", planted, a.out, ",".join(order)))
             return 0
         print("handout in %s: %d tasks (%s), %s to edit" % (a.out, len(order), ",".join(order) or "none",
                                                           ", ".join(editable) or "no file"))
