@@ -166,6 +166,12 @@ open(p, "w").write("\t".join([case, out, " ".join(w)]) + "\n")
 EOF
 (cd "$work/base" && python3 course/grade.py --hidden "$work/hidden" --results results.json > grade-tampered.txt)
 verdict "$work/base" tampered learning_rate || fails=$((fails + 1))
+# the verdict on planted answers can fail: judged as if adam_update's were planted in this tampered tree, it
+# must say that one is not caught and that learning_rate, which has none, lost points
+out=$(verdict "$work/base" mutant adam_update=no-bias-correction) && rc=0 || rc=$?
+if [ "$rc" = 1 ] && grep -q "not caught: adam_update" <<<"$out" && grep -q "learning_rate lost points" <<<"$out"; then
+  echo "ok   the verdict fails a planted answer not caught and a task without one that lost points"
+else echo "FAIL the verdict on planted answers (exit $rc): $out"; fails=$((fails + 1)); fi
 (cd "$work/base" && python3 course/grade.py --results results.json > /dev/null)
 
 echo "== course 3-5: blanked tasks, every task blanked, every planted answer ($cores trees at a time)"
