@@ -2397,12 +2397,30 @@ constexpr int kAttentionTile = 32;  // rows of a tile: one per lane of a warp
 constexpr int kAttentionWarps = 8;
 constexpr int kAttentionThreads = kAttentionTile * kAttentionWarps;
 constexpr int kRowsPerWarp = kAttentionTile / kAttentionWarps;
-// Without raising a kernel's limit a launch gets 48 KiB of dynamic shared memory: three padded tiles and
-// 32 floats fit for a head dimension Dk = D / H up to 126 (the paper's 64). A lane keeps ceil(Dk / 32) sums.
+// A warp's staging area: two values per lane and row of the warp (kStageFloats a warp), where the warp's
+// lanes leave what the others read (stage_rows), in place of a shuffle per value.
+constexpr int kStageFloats = 2 * kAttentionTile * kRowsPerWarp;
+// Without raising a kernel's limit a launch gets 48 KiB of dynamic shared memory: three padded tiles, 32
+// floats and the warps' staging areas fit for a head dimension Dk = D / H up to 105 (the paper's 64). A
+// lane keeps ceil(Dk / 32) sums.
 constexpr size_t kDefaultSharedBytes = 48 * 1024;
-constexpr int kMaxHeadDim = (int)((kDefaultSharedBytes / sizeof(float) - kAttentionTile) / (3 * kAttentionTile)) - 1;
+constexpr int kMaxHeadDim =
+    (int)((kDefaultSharedBytes / sizeof(float) - kAttentionTile - kAttentionWarps * kStageFloats) / (3 * kAttentionTile)) - 1;
 constexpr int kHeadDimSlots = (kMaxHeadDim + 31) / 32;
-size_t attention_shared_bytes(int Dk) { return (3 * (size_t)kAttentionTile * (Dk + 1) + kAttentionTile) * sizeof(float); }
+size_t attention_shared_bytes(int Dk) {
+  return (3 * (size_t)kAttentionTile * (Dk + 1) + kAttentionTile + kAttentionWarps * kStageFloats) * sizeof(float);
+}
+// The calling warp's staging area, past the three tiles and 32 floats of dynamic shared memory.
+__device__ float* warp_stage(int Dk) {
+  return dynamic_shared<float>() + 3 * kAttentionTile * (Dk + 1) + kAttentionTile + threadIdx.x / 32 * kStageFloats;
+}
+// x[r] of every lane of the warp into st, where any lane reads lane l's x[r] at st[l kRowsPerWarp + r] once
+// the warp is past the __syncwarp: a shuffle per value becomes one load (one 16-byte load per lane l), and
+// the warp meets once per stage, not once per value.
+__device__ void stage_rows(float* st, const float (&x)[kRowsPerWarp]) {
+  for (int r = 0; r < kRowsPerWarp; ++r) st[threadIdx.x % 32 * kRowsPerWarp + r] = x[r];
+  __syncwarp();
+}
 
 __device__ float warp_sum(float x) {
   for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
@@ -2446,6 +2464,7 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)  // 4 blocks an SM: at m
   float* qs = dynamic_shared<float>();  // (32, ld): the tile's queries
   float* ks = qs + kAttentionTile * ld;  // (32, ld): a tile of keys
   float* vs = ks + kAttentionTile * ld;  // (32, ld): a tile of values
+  float* ws = warp_stage(Dk);            // the warp's p'_ij, lane by lane
   const float scale = rsqrtf((float)Dk), keep_scale = (float)dropout_scale(drop);
   auto visible = [&](int i, int j) { return key_valid[(size_t)b * Lk + j] && (!causal || j <= i); };
   auto p_row = [&](int i) { return ((size_t)blockIdx.x * Lq + i) * Lk; };  // p's offset of row i
@@ -2494,13 +2513,12 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)  // 4 blocks an SM: at m
       w[r] = i < Lq && j < Lk ? p[p_row(i) + j] : 0.f;
       if (drop.p > 0 && w[r] != 0) w[r] = dropout_keeps(drop, p_row(i) + j) ? w[r] * keep_scale : 0.f;
     }
+    stage_rows(ws, w);
     for (int jj = 0; jj < min(kAttentionTile, Lk - j0); ++jj) {  // (past Lk, and past Lq below, w is 0)
       float vj[kSlots];
       for (int t = 0; t < kSlots; ++t) vj[t] = lane + 32 * t < Dk ? vs[jj * ld + lane + 32 * t] : 0.f;
-      for (int r = 0; r < kRowsPerWarp && i0 + row_of(r) < Lq; ++r) {
-        const float wj = __shfl_sync(0xffffffffu, w[r], jj);
-        for (int t = 0; t < kSlots; ++t) acc[r][t] += wj * vj[t];
-      }
+      for (int r = 0; r < kRowsPerWarp && i0 + row_of(r) < Lq; ++r)
+        for (int t = 0; t < kSlots; ++t) acc[r][t] += ws[jj * kRowsPerWarp + r] * vj[t];
     }
     __syncthreads();  // before the next tile overwrites this one
   }
@@ -2539,10 +2557,11 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
   drop = at_step(drop);
   const int b = blockIdx.x / H, h = blockIdx.x % H, Dk = D / H, ld = Dk + 1;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, query_tiles = (Lq + kAttentionTile - 1) / kAttentionTile;
-  float* t0 = dynamic_shared<float>();  // three (32, ld) tiles and 32 floats
+  float* t0 = dynamic_shared<float>();  // three (32, ld) tiles and 32 floats (then the warps' staging areas)
   float* t1 = t0 + kAttentionTile * ld;
   float* t2 = t1 + kAttentionTile * ld;
   float* rowdot = t2 + kAttentionTile * ld;
+  float* st = warp_stage(Dk);  // the warp's ds_ij (and p'_ij), lane by lane
   const float scale = rsqrtf((float)Dk), keep_scale = (float)dropout_scale(drop);
   auto at = [&](int i, int j) { return ((size_t)blockIdx.x * Lq + i) * Lk + j; };  // p's offset of (i, j)
   auto keep = [&](size_t ij) { return drop.p > 0 ? (dropout_keeps(drop, ij) ? keep_scale : 0.f) : 1.f; };
@@ -2592,13 +2611,12 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
         const float pij = i < Lq && j < Lk ? p[at(i, j)] : 0.f;
         ds[r] = pij == 0 ? 0.f : pij * (dot[r] * keep(at(i, j)) - rd[r]);
       }
+      stage_rows(st, ds);
       for (int jj = 0; jj < min(kAttentionTile, Lk - j0); ++jj) {  // (past Lk, and past Lq below, ds is 0)
         float kj[kSlots];
         for (int t = 0; t < kSlots; ++t) kj[t] = column(ks, jj, t);
-        for (int r = 0; r < kRowsPerWarp && i0 + row_of(r) < Lq; ++r) {
-          const float dsj = __shfl_sync(0xffffffffu, ds[r], jj);
-          for (int t = 0; t < kSlots; ++t) acc[r][t] += dsj * kj[t];
-        }
+        for (int r = 0; r < kRowsPerWarp && i0 + row_of(r) < Lq; ++r)
+          for (int t = 0; t < kSlots; ++t) acc[r][t] += st[jj * kRowsPerWarp + r] * kj[t];
       }
       __syncthreads();  // before the next tiles overwrite these
     }
@@ -2629,11 +2647,13 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
         ds[r] = pij == 0 ? 0.f : pij * (dot[r] * kij - rowdot[lane]);
         pk[r] = pij * kij;
       }
+      stage_rows(st, ds);
+      stage_rows(st + kStageFloats / 2, pk);
       for (int ii = 0; ii < min(kAttentionTile, Lq - i0); ++ii) {  // (past Lq, and past Lk below, ds and p' are 0)
         float qi[kSlots], ci[kSlots];
         for (int t = 0; t < kSlots; ++t) qi[t] = column(qs, ii, t), ci[t] = column(dcs, ii, t);
         for (int r = 0; r < kRowsPerWarp && j0 + row_of(r) < Lk; ++r) {
-          const float dsi = __shfl_sync(0xffffffffu, ds[r], ii), pki = __shfl_sync(0xffffffffu, pk[r], ii);
+          const float dsi = st[ii * kRowsPerWarp + r], pki = st[kStageFloats / 2 + ii * kRowsPerWarp + r];
           for (int t = 0; t < kSlots; ++t) acc[r][t] += dsi * qi[t], acc_v[r][t] += pki * ci[t];
         }
       }
