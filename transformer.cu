@@ -2407,13 +2407,11 @@ constexpr size_t kDefaultSharedBytes = 48 * 1024;
 constexpr int kMaxHeadDim =
     (int)((kDefaultSharedBytes / sizeof(float) - kAttentionTile - kAttentionWarps * kStageFloats) / (3 * kAttentionTile)) - 1;
 constexpr int kHeadDimSlots = (kMaxHeadDim + 31) / 32;
-size_t attention_shared_bytes(int Dk) {
-  return (3 * (size_t)kAttentionTile * (Dk + 1) + kAttentionTile + kAttentionWarps * kStageFloats) * sizeof(float);
-}
-// The calling warp's staging area, past the three tiles and 32 floats of dynamic shared memory.
-__device__ float* warp_stage(int Dk) {
-  return dynamic_shared<float>() + 3 * kAttentionTile * (Dk + 1) + kAttentionTile + threadIdx.x / 32 * kStageFloats;
-}
+// Where the staging areas start in the dynamic shared memory (in floats): past three tiles and 32 floats.
+__host__ __device__ inline size_t attention_stages_at(int Dk) { return 3 * (size_t)kAttentionTile * (Dk + 1) + kAttentionTile; }
+size_t attention_shared_bytes(int Dk) { return (attention_stages_at(Dk) + kAttentionWarps * kStageFloats) * sizeof(float); }
+// The calling warp's staging area.
+__device__ float* warp_stage(int Dk) { return dynamic_shared<float>() + attention_stages_at(Dk) + threadIdx.x / 32 * kStageFloats; }
 // x[r] of every lane of the warp into st, where any lane reads lane l's x[r] at st[l kRowsPerWarp + r] once
 // the warp is past the __syncwarp: a shuffle per value becomes one load (one 16-byte load per lane l), and
 // the warp meets once per stage, not once per value.
