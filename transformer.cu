@@ -2127,32 +2127,44 @@ void fill(float* p, float value, size_t n) {
   LAUNCH(fill_kernel, blocks_for(n), 256, 0, p, value, n);
 }
 
-// Sum over the block's threads, a power of 2 of them (every thread gets the result).
-template <typename T> __device__ T block_sum(T x, T* shared) {
-  shared[threadIdx.x] = x;
+// Reductions by op (Sum, Max): over the 32 lanes of a warp, every lane getting the result, with no barrier;
+// and over a block's threads, a whole number of warps up to kRowThreads, every thread getting the result.
+// The block's: each warp reduces its lanes, then each thread combines the warps' results, read from
+// `shared` (kRowWarps elements) in warp order; two barriers, whatever the block's size.
+struct Sum {
+  template <typename T> __device__ T operator()(T a, T b) const { return a + b; }
+};
+struct Max {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+template <typename T, typename Op> __device__ T warp_reduce(T x, Op op) {
+  for (int o = 16; o > 0; o >>= 1) x = op(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+template <typename T, typename Op> __device__ T block_reduce(T x, T* shared, Op op) {
+  x = warp_reduce(x, op);
+  if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = x;
   __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-    if ((int)threadIdx.x < s) shared[threadIdx.x] += shared[threadIdx.x + s];
-    __syncthreads();
-  }
   T r = shared[0];
-  __syncthreads();
+  for (unsigned w = 1; w < blockDim.x / 32; ++w) r = op(r, shared[w]);
+  __syncthreads();  // shared is free again for the next reduction
   return r;
 }
-__device__ float block_max(float x, float* shared) {
-  shared[threadIdx.x] = x;
-  __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-    if ((int)threadIdx.x < s) shared[threadIdx.x] = fmaxf(shared[threadIdx.x], shared[threadIdx.x + s]);
-    __syncthreads();
-  }
-  float r = shared[0];
-  __syncthreads();
-  return r;
-}
-constexpr int kRowThreads = 256;  // threads of the one-block-per-row kernels at most (block_sum assumes a power of 2)
+template <typename T> __device__ T warp_sum(T x) { return warp_reduce(x, Sum{}); }
+__device__ float warp_max(float x) { return warp_reduce(x, Max{}); }
+template <typename T> __device__ T block_sum(T x, T* shared) { return block_reduce(x, shared, Sum{}); }
+__device__ float block_max(float x, float* shared) { return block_reduce(x, shared, Max{}); }
+constexpr int kRowThreads = 256;            // threads of a block_sum's block at most
+constexpr int kRowWarps = kRowThreads / 32;  // the elements of its shared array
+// The one-warp-per-row kernels (LayerNorm, the loss): a row's lanes stride over it and its sums are
+// warp_sum()s, so no thread waits at a block barrier. They serve the training step's rows, thousands of
+// them (a batch's tokens), enough warps to fill a GPU; decoding's few rows take a block each (block_sum).
+constexpr int kWarpRows = 8;  // rows (warps) of a block
+static unsigned warp_row_blocks(int M) { return (M + kWarpRows - 1) / kWarpRows; }
+// The row of this thread's warp; M or more for a last block's spare warps (which return as a whole).
+__device__ int warp_row() { return blockIdx.x * kWarpRows + threadIdx.x / 32; }
 // Threads for a row of n elements: a power of 2 from 32 to kRowThreads, no more than the row needs (fewer
-// idle threads waiting at each step of block_sum; its sums are the same, as the idle ones add zeros).
+// idle threads resumed at each of block_sum's barriers; its sums are the same, as the idle ones add zeros).
 static unsigned row_threads(int n) {
   unsigned t = 32;
   while ((int)t < n && t < (unsigned)kRowThreads) t *= 2;
@@ -2420,14 +2432,6 @@ __device__ void stage_rows(float* st, const float (&x)[kRowsPerWarp]) {
   __syncwarp();
 }
 
-__device__ float warp_sum(float x) {
-  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-  return x;
-}
-__device__ float warp_max(float x) {
-  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-  return x;
-}
 // Rows first .. first + 31 of x's head h ((B, L, D) rows, columns h Dk ..) into a padded tile; zeros past L.
 __device__ void load_head_tile(float* tile, const float* x, int b, int h, int L, int first, int D, int Dk) {
   for (int e = threadIdx.x; e < kAttentionTile * Dk; e += blockDim.x) {
@@ -2781,56 +2785,59 @@ void ffn_backward(float* din, const FfnWeights<float>& dw, float* dh, const floa
   linear_backward(din, true, dw.w1, dw.b1, Operand{dh, dh16}, in, w.w1, M, D, F);
 }
 
-// ---- §3.1 LayerNorm and the residual connection: one block per row ---------------------------------
+// ---- §3.1 LayerNorm and the residual connection: one warp per row ----------------------------------
+
 __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* in, const float* g, const float* b,
-                                         int D, float eps) {
+                                         int M, int D, float eps) {
   // BEGIN SOLUTION task=layernorm_kernel points=5
-  __shared__ float red[kRowThreads];
-  const float* x = in + (size_t)blockIdx.x * D;
+  const int r = warp_row(), lane = threadIdx.x % 32;
+  if (r >= M) return;
+  const float* x = in + (size_t)r * D;
   float s = 0;
-  for (int d = threadIdx.x; d < D; d += blockDim.x) s += x[d];
-  const float mu = block_sum(s, red) / D;
+  for (int d = lane; d < D; d += 32) s += x[d];
+  const float mu = warp_sum(s) / D;
   float v = 0;
-  for (int d = threadIdx.x; d < D; d += blockDim.x) v += (x[d] - mu) * (x[d] - mu);
-  const float rs = 1.f / sqrtf(block_sum(v, red) / D + eps);  // biased variance, as LayerNorm defines it
-  float* y = out + (size_t)blockIdx.x * D;
-  for (int d = threadIdx.x; d < D; d += blockDim.x) y[d] = (x[d] - mu) * rs * g[d] + b[d];
-  if (threadIdx.x == 0) mean[blockIdx.x] = mu, rstd[blockIdx.x] = rs;
+  for (int d = lane; d < D; d += 32) v += (x[d] - mu) * (x[d] - mu);
+  const float rs = 1.f / sqrtf(warp_sum(v) / D + eps);  // biased variance, as LayerNorm defines it
+  float* y = out + (size_t)r * D;
+  for (int d = lane; d < D; d += 32) y[d] = (x[d] - mu) * rs * g[d] + b[d];
+  if (lane == 0) mean[r] = mu, rstd[r] = rs;
   // END SOLUTION
 }
 
-// The input gradient of row r (this block's): add(i, dx_i) for each of its elements i = r D + d.
+// The input gradient of row r (this warp's): add(i, dx_i) for each of its elements i = r D + d.
 template <typename Add>
 __device__ void layernorm_row_backward(size_t r, const float* dout, const float* in, const float* g, const float* mean,
-                                       const float* rstd, int D, float* red, Add add) {
+                                       const float* rstd, int D, Add add) {
+  const int lane = threadIdx.x % 32;
   const float* x = in + r * D;
   const float* dy = dout + r * D;
   float m1 = 0, m2 = 0;
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+  for (int d = lane; d < D; d += 32) {
     const float xhat = (x[d] - mean[r]) * rstd[r];
     m1 += dy[d] * g[d];
     m2 += dy[d] * g[d] * xhat;
   }
-  m1 = block_sum(m1, red) / D;
-  m2 = block_sum(m2, red) / D;
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+  m1 = warp_sum(m1) / D;
+  m2 = warp_sum(m2) / D;
+  for (int d = lane; d < D; d += 32) {
     const float xhat = (x[d] - mean[r]) * rstd[r];
     add(r * D + d, rstd[r] * (dy[d] * g[d] - m1 - xhat * m2));
   }
 }
 
-// din of one row (one block per row); the parameters' gradients are layernorm_param_grads_kernel's.
+// din of one row (one warp per row); the parameters' gradients are layernorm_param_grads_kernel's.
 __global__ void layernorm_backward_kernel(float* din, const float* dout, const float* in, const float* g, const float* mean,
-                                          const float* rstd, int D) {
-  __shared__ float red[kRowThreads];
-  layernorm_row_backward(blockIdx.x, dout, in, g, mean, rstd, D, red, [=](size_t i, float dx) { din[i] += dx; });
+                                          const float* rstd, int M, int D) {
+  const int r = warp_row();
+  if (r < M) layernorm_row_backward(r, dout, in, g, mean, rstd, D, [=](size_t i, float dx) { din[i] += dx; });
 }
 
-// dg += sum_rows dy xhat, db += sum_rows dy: a block sums kLnRows rows per column, then adds once.
-constexpr int kLnRows = 32;
+// dg += sum_rows dy xhat, db += sum_rows dy: a block sums kParamGradRows rows per column, then adds once.
+constexpr int kParamGradRows = 32;
 __global__ void layernorm_param_grads_kernel(float* dg, float* db, const float* dout, const float* in, const float* mean,
                                              const float* rstd, int M, int D) {
-  const int r0 = blockIdx.x * kLnRows, r1 = min(M, r0 + kLnRows);
+  const int r0 = blockIdx.x * kParamGradRows, r1 = min(M, r0 + kParamGradRows);
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     float sg = 0, sb = 0;
     for (int r = r0; r < r1; ++r) {
@@ -2844,18 +2851,18 @@ __global__ void layernorm_param_grads_kernel(float* dg, float* db, const float* 
 }
 static void layernorm_param_grads(float* dg, float* db, const float* dout, const float* in, const float* mean, const float* rstd,
                                   int M, int D) {
-  LAUNCH(layernorm_param_grads_kernel, (M + kLnRows - 1) / kLnRows, kRowThreads, 0, dg, db, dout, in, mean, rstd, M, D);
+  LAUNCH(layernorm_param_grads_kernel, (M + kParamGradRows - 1) / kParamGradRows, 256, 0, dg, db, dout, in, mean, rstd, M, D);
 }
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* in, const float* g, const float* b, int M, int D,
                        double eps) {
   if (M == 0) return;
-  LAUNCH(layernorm_forward_kernel, M, row_threads(D), 0, out, mean, rstd, in, g, b, D, (float)eps);
+  LAUNCH(layernorm_forward_kernel, warp_row_blocks(M), kWarpRows * 32, 0, out, mean, rstd, in, g, b, M, D, (float)eps);
 }
 void layernorm_backward(float* din, float* dg, float* db, const float* dout, const float* in, const float* g,
                         const float* mean, const float* rstd, int M, int D) {
   if (M == 0) return;
-  LAUNCH(layernorm_backward_kernel, M, row_threads(D), 0, din, dout, in, g, mean, rstd, D);
+  LAUNCH(layernorm_backward_kernel, warp_row_blocks(M), kWarpRows * 32, 0, din, dout, in, g, mean, rstd, M, D);
   layernorm_param_grads(dg, db, dout, in, mean, rstd, M, D);
 }
 
@@ -2867,27 +2874,28 @@ __global__ void residual_dropout_kernel(float* out, const float* x, const float*
   drop = at_step(drop);
   GRID_STRIDE(i, n) out[i] = residual_dropout(x, y, drop, scale, i);
 }
-// One block per row: the residual sum with its dropout, then LayerNorm of the sum, in one pass (the sum
+// One warp per row: the residual sum with its dropout, then LayerNorm of the sum, in one pass (the sum
 // is kept: the backward reads it). LayerNorm's arithmetic is layernorm_forward_kernel's. out16: out's
 // bf16 twin, or null.
 __global__ void residual_dropout_layernorm_kernel(float* out, bf16* out16, float* sum, float* mean, float* rstd, const float* x,
-                                                  const float* y, DropoutKey drop, float scale, const float* g, const float* b, int D,
-                                                  float eps) {
+                                                  const float* y, DropoutKey drop, float scale, const float* g, const float* b, int M,
+                                                  int D, float eps) {
   drop = at_step(drop);
-  __shared__ float red[kRowThreads];
-  const size_t row = (size_t)blockIdx.x * D;
+  const int r = warp_row(), lane = threadIdx.x % 32;
+  if (r >= M) return;
+  const size_t row = (size_t)r * D;
   float s = 0;
-  for (int d = threadIdx.x; d < D; d += blockDim.x) s += sum[row + d] = residual_dropout(x, y, drop, scale, row + d);
-  const float mu = block_sum(s, red) / D;
+  for (int d = lane; d < D; d += 32) s += sum[row + d] = residual_dropout(x, y, drop, scale, row + d);
+  const float mu = warp_sum(s) / D;
   float v = 0;
-  for (int d = threadIdx.x; d < D; d += blockDim.x) v += (sum[row + d] - mu) * (sum[row + d] - mu);  // this thread's own writes
-  const float rs = 1.f / sqrtf(block_sum(v, red) / D + eps);
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+  for (int d = lane; d < D; d += 32) v += (sum[row + d] - mu) * (sum[row + d] - mu);  // this lane's own writes
+  const float rs = 1.f / sqrtf(warp_sum(v) / D + eps);
+  for (int d = lane; d < D; d += 32) {
     const float o = (sum[row + d] - mu) * rs * g[d] + b[d];
     out[row + d] = o;
     if (out16) out16[row + d] = __float2bfloat16(o);
   }
-  if (threadIdx.x == 0) mean[blockIdx.x] = mu, rstd[blockIdx.x] = rs;
+  if (lane == 0) mean[r] = mu, rstd[r] = rs;
 }
 // The residual's gradient g_i of the sum, added to x's and, through the dropout mask, to y's.
 // dy16: dy's bf16 twin, or null.
@@ -2901,14 +2909,15 @@ __global__ void residual_dropout_backward_kernel(float* dx, float* dy, bf16* dy1
   drop = at_step(drop);
   GRID_STRIDE(i, n) residual_dropout_add(dx, dy, dy16, dout[i], drop, scale, i);
 }
-// One block per row: LayerNorm's input gradient of the row, straight into the residual's two paths.
+// One warp per row: LayerNorm's input gradient of the row, straight into the residual's two paths.
 __global__ void residual_dropout_layernorm_backward_kernel(float* dx, float* dy, bf16* dy16, const float* dout, const float* sum,
                                                            const float* g, const float* mean, const float* rstd, DropoutKey drop,
-                                                           float scale, int D) {
+                                                           float scale, int M, int D) {
   drop = at_step(drop);
-  __shared__ float red[kRowThreads];
-  layernorm_row_backward(blockIdx.x, dout, sum, g, mean, rstd, D, red,
-                         [=](size_t i, float dsum) { residual_dropout_add(dx, dy, dy16, dsum, drop, scale, i); });
+  const int r = warp_row();
+  if (r < M)
+    layernorm_row_backward(r, dout, sum, g, mean, rstd, D,
+                           [=](size_t i, float dsum) { residual_dropout_add(dx, dy, dy16, dsum, drop, scale, i); });
 }
 void residual_dropout_forward(float* out, const float* x, const float* y, DropoutKey drop, size_t n) {
   if (n) LAUNCH(residual_dropout_kernel, blocks_for(n), 256, 0, out, x, y, drop, (float)dropout_scale(drop), n);
@@ -2916,8 +2925,8 @@ void residual_dropout_forward(float* out, const float* x, const float* y, Dropou
 void residual_dropout_layernorm_forward(float* out, float* sum, float* mean, float* rstd, const float* x, const float* y,
                                         DropoutKey drop, const float* g, const float* b, int M, int D, double eps) {
   if (M == 0) return;
-  LAUNCH(residual_dropout_layernorm_kernel, M, row_threads(D), 0, out, bf16_twin_of(out, (size_t)M * D), sum, mean, rstd, x, y, drop,
-         (float)dropout_scale(drop), g, b, D, (float)eps);
+  LAUNCH(residual_dropout_layernorm_kernel, warp_row_blocks(M), kWarpRows * 32, 0, out, bf16_twin_of(out, (size_t)M * D), sum, mean, rstd, x, y,
+         drop, (float)dropout_scale(drop), g, b, M, D, (float)eps);
 }
 void residual_dropout_backward(float* dx, float* dy, const float* dout, DropoutKey drop, size_t n) {
   if (n) LAUNCH(residual_dropout_backward_kernel, blocks_for(n), 256, 0, dx, dy, bf16_twin_of(dy, n), dout, drop, (float)dropout_scale(drop), n);
@@ -2925,8 +2934,8 @@ void residual_dropout_backward(float* dx, float* dy, const float* dout, DropoutK
 void residual_dropout_layernorm_backward(float* dx, float* dy, float* dg, float* db, float*, const float* dout, const float* sum,
                                          const float* g, const float* mean, const float* rstd, DropoutKey drop, int M, int D) {
   if (M == 0) return;
-  LAUNCH(residual_dropout_layernorm_backward_kernel, M, row_threads(D), 0, dx, dy, bf16_twin_of(dy, (size_t)M * D), dout, sum, g, mean, rstd, drop,
-         (float)dropout_scale(drop), D);
+  LAUNCH(residual_dropout_layernorm_backward_kernel, warp_row_blocks(M), kWarpRows * 32, 0, dx, dy, bf16_twin_of(dy, (size_t)M * D), dout, sum, g,
+         mean, rstd, drop, (float)dropout_scale(drop), M, D);
   layernorm_param_grads(dg, db, dout, sum, mean, rstd, M, D);
 }
 
@@ -2942,23 +2951,23 @@ void output_projection_backward(float* dy, float* demb, const float* dlogits, co
   gemm_operands(true, false, V, D, M, d, V, operand(y, (size_t)M * D, kRight), D, demb, D, true);
 }
 
-// ---- §5.4 label-smoothed cross-entropy: softmax and loss fused, one block per row -------------------
-__global__ void xent_forward_kernel(float* lse, double* loss_sum, double* tokens, const float* logits, const int* targets, int V,
-                                    double qt, double qo, int pad) {
-  __shared__ float red[kRowThreads];
-  __shared__ double dred[kRowThreads];
-  const float* z = logits + (size_t)blockIdx.x * V;
+// ---- §5.4 label-smoothed cross-entropy: softmax and loss fused, one warp per row --------------------
+__global__ void xent_forward_kernel(float* lse, double* loss_sum, double* tokens, const float* logits, const int* targets, int M,
+                                    int V, double qt, double qo, int pad) {
+  const int r = warp_row(), lane = threadIdx.x % 32;
+  if (r >= M) return;
+  const float* z = logits + (size_t)r * V;
   float mx = -INFINITY;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, z[v]);
-  mx = block_max(mx, red);
+  for (int v = lane; v < V; v += 32) mx = fmaxf(mx, z[v]);
+  mx = warp_max(mx);
   double s = 0, zsum = 0;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) s += expf(z[v] - mx), zsum += z[v];
-  s = block_sum(s, dred);
-  zsum = block_sum(zsum, dred);
-  if (threadIdx.x == 0) {
+  for (int v = lane; v < V; v += 32) s += expf(z[v] - mx), zsum += z[v];
+  s = warp_sum(s);
+  zsum = warp_sum(zsum);
+  if (lane == 0) {
     const float l = mx + logf((float)s);
-    lse[blockIdx.x] = l;
-    const int t = targets[blockIdx.x];
+    lse[r] = l;
+    const int t = targets[r];
     // -sum_v q_v log softmax(z)_v = lse - sum_v q_v z_v   (sum_v q_v = 1)
     if (t != pad) atomicAdd(loss_sum, (double)l - (qo * zsum + (qt - qo) * (double)z[t])), atomicAdd(tokens, 1.0);
   }
@@ -2966,7 +2975,7 @@ __global__ void xent_forward_kernel(float* lse, double* loss_sum, double* tokens
 
 // tokens += the number of targets that are not padding (the loss's denominator)
 __global__ void count_targets_kernel(double* tokens, const int* targets, size_t M, int pad) {
-  __shared__ double red[kRowThreads];
+  __shared__ double red[kRowWarps];
   double c = 0;
   GRID_STRIDE(i, M) c += targets[i] != pad;
   c = block_sum(c, red);
@@ -2995,7 +3004,8 @@ double label_smoothed_xent_forward(float* lse, const float* logits, const int* t
   if (M == 0) return 0;
   static_assert(kTokenCount == kLossSum + 1, "the loss and its token count are neighbours: one memset, one read");
   CUDA_CHECK(cudaMemsetAsync(scalar(kLossSum), 0, 2 * sizeof(double), stream()));
-  LAUNCH(xent_forward_kernel, M, row_threads(V), 0, lse, scalar(kLossSum), scalar(kTokenCount), logits, targets, V, qt, qo, pad);
+  LAUNCH(xent_forward_kernel, warp_row_blocks(M), kWarpRows * 32, 0, lse, scalar(kLossSum), scalar(kTokenCount), logits, targets, M,
+         V, qt, qo, pad);
   if (capturing()) return NAN;  // a graph cannot read: whoever replays it reads the loss (last_loss)
   return last_loss();
 }
@@ -3055,7 +3065,7 @@ void adam_update(float* params, const float* grads, float* m, float* v, size_t n
 // adds in the same fixed order. No atomics: the norm has the same bits on every run and every rank, so
 // data parallelism's ranks clip alike.
 __global__ void square_sum_kernel(double* part, const float* g, size_t n) {
-  __shared__ double red[256];
+  __shared__ double red[kRowWarps];
   double s = 0;
   GRID_STRIDE(i, n) s += (double)g[i] * g[i];
   s = block_sum(s, red);
@@ -3063,7 +3073,7 @@ __global__ void square_sum_kernel(double* part, const float* g, size_t n) {
 }
 // Scales g by max_norm / ||g|| when the norm is above max_norm, decided here: nothing goes to the host.
 __global__ void clip_kernel(float* g, size_t n, const double* part, double max_norm) {
-  __shared__ double red[256];
+  __shared__ double red[kRowWarps];
   double s = 0;
   for (unsigned b = threadIdx.x; b < gridDim.x; b += blockDim.x) s += part[b];  // as many parts as blocks
   const double norm = sqrt(block_sum(s, red));
@@ -3073,8 +3083,8 @@ __global__ void clip_kernel(float* g, size_t n, const double* part, double max_n
 void clip_grad_norm(float* grads, size_t n, double max_norm) {
   if (n == 0) return;
   const unsigned blocks = std::min(blocks_for(n), kNormBlocks);
-  LAUNCH(square_sum_kernel, blocks, 256, 0, scalar(kSquareParts), grads, n);
-  LAUNCH(clip_kernel, blocks, 256, 0, grads, n, scalar(kSquareParts), max_norm);
+  LAUNCH(square_sum_kernel, blocks, kRowThreads, 0, scalar(kSquareParts), grads, n);
+  LAUNCH(clip_kernel, blocks, kRowThreads, 0, grads, n, scalar(kSquareParts), max_norm);
 }
 __global__ void scale_kernel(float* g, size_t n, float f) { GRID_STRIDE(i, n) g[i] *= f; }
 void scale_grads(float* grads, size_t n, double factor) {
@@ -3084,8 +3094,8 @@ void scale_grads(float* grads, size_t n, double factor) {
 // ---- §6 decoding's own operations --------------------------------------------------------------------
 // One block per row; the sum of exponentials in double, as on the CPU.
 __global__ void log_softmax_kernel(float* out, const float* logits, int V) {
-  __shared__ float red[kRowThreads];
-  __shared__ double dred[kRowThreads];
+  __shared__ float red[kRowWarps];
+  __shared__ double dred[kRowWarps];
   const float* z = logits + (size_t)blockIdx.x * V;
   float* o = out + (size_t)blockIdx.x * V;
   float mx = -INFINITY;

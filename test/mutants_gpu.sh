@@ -21,18 +21,18 @@ trap 'rm -rf "$work"' EXIT
 
 # name | original text | mutated text   (python string literals; \n is a newline)
 mutants=(
-  "removed __syncthreads in block_sum|T block_sum(T x, T* shared) {\n  shared[threadIdx.x] = x;\n  __syncthreads();|T block_sum(T x, T* shared) {\n  shared[threadIdx.x] = x;"
+  "removed __syncthreads in block_reduce (the warps' results read before all are written)|if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = x;\n  __syncthreads();|if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = x;"
   "off-by-one grid-stride bound (i <= n)|threadIdx.x; i < (n); i += |threadIdx.x; i <= (n); i += "
   "wrong transpose flag in the products (op(B))|opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;|opb = tb ? CUBLAS_OP_N : CUBLAS_OP_T;"
   "wrong leading dimension in cublasSgemm (A with ldb)|&one, B.f, ldb, A.f, lda,|&one, B.f, ldb, A.f, ldb,"
-  "write past the end by the last block (LayerNorm's mean)|y[d] = (x[d] - mu) * rs * g[d] + b[d];\n  if (threadIdx.x == 0) mean[blockIdx.x] = mu,|y[d] = (x[d] - mu) * rs * g[d] + b[d];\n  if (threadIdx.x == 0) mean[blockIdx.x + (blockIdx.x + 1 == gridDim.x)] = mu,"
+  "write past the end by the last row (LayerNorm's mean)|y[d] = (x[d] - mu) * rs * g[d] + b[d];\n  if (lane == 0) mean[r] = mu,|y[d] = (x[d] - mu) * rs * g[d] + b[d];\n  if (lane == 0) mean[r + (r + 1 == M)] = mu,"
   "accumulating output not zeroed (the gradients between steps)|    gpu::fill(grads, 0, n);\n    CUDA_CHECK(cudaMemsetAsync(step_loss|    CUDA_CHECK(cudaMemsetAsync(step_loss"
   "race on a shared array (attention backward's row sums read before all are written)|load_head_tile(qs, q, b, h, Lq, i0, D, Dk);\n      __syncthreads();|load_head_tile(qs, q, b, h, Lq, i0, D, Dk);"
   "stale bf16 copy of the parameters (Adam's pass leaves it)|    if (copy) copy[i] = __float2bfloat16(params[i]);\n|"
   "a product's two bf16 operands rounded into one scratch buffer (project_backward)|d, O, operand(w, (size_t)I * O, kRight), O,|d, O, operand(w, (size_t)I * O, kLeft), O,"
   "a CUDA graph that replays its capture's dropout masks (the step not read from device memory)|graphed ? dropout_step : nullptr};|nullptr};"
   "a CUDA graph that replays its capture's batch place in the step (micro not read from device memory)|key.site + key.step->micro_site);|key.site);"
-  "a producer that leaves its output's bf16 twin stale (residual + LayerNorm)|LAUNCH(residual_dropout_layernorm_kernel, M, row_threads(D), 0, out, bf16_twin_of(out, (size_t)M * D),|LAUNCH(residual_dropout_layernorm_kernel, M, row_threads(D), 0, out, nullptr,"
+  "a producer that leaves its output's bf16 twin stale (residual + LayerNorm)|LAUNCH(residual_dropout_layernorm_kernel, warp_row_blocks(M), kWarpRows * 32, 0, out, bf16_twin_of(out, (size_t)M * D),|LAUNCH(residual_dropout_layernorm_kernel, warp_row_blocks(M), kWarpRows * 32, 0, out, nullptr,"
   "a CUDA graph of the update that replays its capture's Adam step (staged only while captured)|*staged_adam = gpu::adam_step(lr, c.beta1, c.beta2, m.step);\n    const auto work = [&] {\n|const auto work = [&] {\n      *staged_adam = gpu::adam_step(lr, c.beta1, c.beta2, m.step);\n"
 )
 
