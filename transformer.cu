@@ -2425,10 +2425,14 @@ size_t attention_shared_bytes(int Dk) { return (attention_stages_at(Dk) + kAtten
 // The calling warp's staging area.
 __device__ float* warp_stage(int Dk) { return dynamic_shared<float>() + attention_stages_at(Dk) + threadIdx.x / 32 * kStageFloats; }
 // x[r] of every lane of the warp into st, where any lane reads lane l's x[r] at st[l kRowsPerWarp + r] once
-// the warp is past the __syncwarp: a shuffle per value becomes one load (one 16-byte load per lane l), and
-// the warp meets once per stage, not once per value.
-__device__ void stage_rows(float* st, const float (&x)[kRowsPerWarp]) {
+// the warp is past a __syncwarp: a shuffle per value becomes one load (one 16-byte load per lane l), and
+// the warp meets once per stage, not once per value. stage_rows writes and meets; write_rows only writes
+// (for two arrays staged at one meeting).
+__device__ void write_rows(float* st, const float (&x)[kRowsPerWarp]) {
   for (int r = 0; r < kRowsPerWarp; ++r) st[threadIdx.x % 32 * kRowsPerWarp + r] = x[r];
+}
+__device__ void stage_rows(float* st, const float (&x)[kRowsPerWarp]) {
+  write_rows(st, x);
   __syncwarp();
 }
 
@@ -2649,8 +2653,9 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
         ds[r] = pij == 0 ? 0.f : pij * (dot[r] * kij - rowdot[lane]);
         pk[r] = pij * kij;
       }
-      stage_rows(st, ds);
-      stage_rows(st + kStageFloats / 2, pk);
+      write_rows(st, ds);
+      write_rows(st + kStageFloats / 2, pk);
+      __syncwarp();  // both staged
       for (int ii = 0; ii < min(kAttentionTile, Lq - i0); ++ii) {  // (past Lq, and past Lk below, ds and p' are 0)
         float qi[kSlots], ci[kSlots];
         for (int t = 0; t < kSlots; ++t) qi[t] = column(qs, ii, t), ci[t] = column(dcs, ii, t);
