@@ -5,7 +5,7 @@
 # least fp32's less 2 points (10 of its 500 sentences), and fp32's at least 80% (a run too short to learn
 # the task proves nothing).
 # It has not run on a GPU yet. On the emulated GPU (BF16_NUMBERS_TRAIN=path to a `make EMU=1` ./train) the
-# bf16 run takes about 28 minutes (1,654 s measured), which is why CI does not run it. Exits 77 (skipped) without a GPU.
+# bf16 run takes about 20 minutes (1,195 s measured), which is why CI does not run it. Exits 77 (skipped) without a GPU.
 # Usage: bf16_numbers.sh ROOT   (BF16_NUMBERS_STEPS=N stops both runs after N steps instead of one epoch)
 set -u
 root=$1
