@@ -2164,7 +2164,7 @@ static unsigned warp_row_blocks(int M) { return (M + kWarpRows - 1) / kWarpRows;
 // The row of this thread's warp; M or more for a last block's spare warps (which return as a whole).
 __device__ int warp_row() { return blockIdx.x * kWarpRows + threadIdx.x / 32; }
 // Threads for a row of n elements: a power of 2 from 32 to kRowThreads, no more than the row needs (fewer
-// idle threads resumed at each of block_sum's barriers; its sums are the same, as the idle ones add zeros).
+// idle threads resumed at each of block_sum's barriers; the idle ones add zeros).
 static unsigned row_threads(int n) {
   unsigned t = 32;
   while ((int)t < n && t < (unsigned)kRowThreads) t *= 2;
