@@ -2791,7 +2791,6 @@ void ffn_backward(float* din, const FfnWeights<float>& dw, float* dh, const floa
 }
 
 // ---- §3.1 LayerNorm and the residual connection: one warp per row ----------------------------------
-
 __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* in, const float* g, const float* b,
                                          int M, int D, float eps) {
   // BEGIN SOLUTION task=layernorm_kernel points=5
