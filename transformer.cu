@@ -2159,7 +2159,8 @@ constexpr int kRowWarps = kRowThreads / 32;  // the elements of its shared array
 // The one-warp-per-row kernels (LayerNorm, the loss): a row's lanes stride over it and its sums are
 // warp_sum()s, so no thread waits at a block barrier. They serve the training step's rows, thousands of
 // them (a batch's tokens), enough warps to fill a GPU; decoding's few rows take a block each (block_sum).
-constexpr int kWarpRows = 8;  // rows (warps) of a block
+constexpr int kWarpRows = 8;                      // rows (warps) of a block
+constexpr int kWarpRowThreads = kWarpRows * 32;  // its threads
 static unsigned warp_row_blocks(int M) { return (M + kWarpRows - 1) / kWarpRows; }
 // The row of this thread's warp; M or more for a last block's spare warps (which return as a whole).
 __device__ int warp_row() { return blockIdx.x * kWarpRows + threadIdx.x / 32; }
@@ -2861,12 +2862,12 @@ static void layernorm_param_grads(float* dg, float* db, const float* dout, const
 void layernorm_forward(float* out, float* mean, float* rstd, const float* in, const float* g, const float* b, int M, int D,
                        double eps) {
   if (M == 0) return;
-  LAUNCH(layernorm_forward_kernel, warp_row_blocks(M), kWarpRows * 32, 0, out, mean, rstd, in, g, b, M, D, (float)eps);
+  LAUNCH(layernorm_forward_kernel, warp_row_blocks(M), kWarpRowThreads, 0, out, mean, rstd, in, g, b, M, D, (float)eps);
 }
 void layernorm_backward(float* din, float* dg, float* db, const float* dout, const float* in, const float* g,
                         const float* mean, const float* rstd, int M, int D) {
   if (M == 0) return;
-  LAUNCH(layernorm_backward_kernel, warp_row_blocks(M), kWarpRows * 32, 0, din, dout, in, g, mean, rstd, M, D);
+  LAUNCH(layernorm_backward_kernel, warp_row_blocks(M), kWarpRowThreads, 0, din, dout, in, g, mean, rstd, M, D);
   layernorm_param_grads(dg, db, dout, in, mean, rstd, M, D);
 }
 
@@ -2929,8 +2930,8 @@ void residual_dropout_forward(float* out, const float* x, const float* y, Dropou
 void residual_dropout_layernorm_forward(float* out, float* sum, float* mean, float* rstd, const float* x, const float* y,
                                         DropoutKey drop, const float* g, const float* b, int M, int D, double eps) {
   if (M == 0) return;
-  LAUNCH(residual_dropout_layernorm_kernel, warp_row_blocks(M), kWarpRows * 32, 0, out, bf16_twin_of(out, (size_t)M * D), sum, mean, rstd, x, y,
-         drop, (float)dropout_scale(drop), g, b, M, D, (float)eps);
+  LAUNCH(residual_dropout_layernorm_kernel, warp_row_blocks(M), kWarpRowThreads, 0, out, bf16_twin_of(out, (size_t)M * D), sum, mean,
+         rstd, x, y, drop, (float)dropout_scale(drop), g, b, M, D, (float)eps);
 }
 void residual_dropout_backward(float* dx, float* dy, const float* dout, DropoutKey drop, size_t n) {
   if (n) LAUNCH(residual_dropout_backward_kernel, blocks_for(n), 256, 0, dx, dy, bf16_twin_of(dy, n), dout, drop, (float)dropout_scale(drop), n);
@@ -2938,8 +2939,8 @@ void residual_dropout_backward(float* dx, float* dy, const float* dout, DropoutK
 void residual_dropout_layernorm_backward(float* dx, float* dy, float* dg, float* db, float*, const float* dout, const float* sum,
                                          const float* g, const float* mean, const float* rstd, DropoutKey drop, int M, int D) {
   if (M == 0) return;
-  LAUNCH(residual_dropout_layernorm_backward_kernel, warp_row_blocks(M), kWarpRows * 32, 0, dx, dy, bf16_twin_of(dy, (size_t)M * D), dout, sum, g,
-         mean, rstd, drop, (float)dropout_scale(drop), M, D);
+  LAUNCH(residual_dropout_layernorm_backward_kernel, warp_row_blocks(M), kWarpRowThreads, 0, dx, dy, bf16_twin_of(dy, (size_t)M * D),
+         dout, sum, g, mean, rstd, drop, (float)dropout_scale(drop), M, D);
   layernorm_param_grads(dg, db, dout, sum, mean, rstd, M, D);
 }
 
@@ -3008,7 +3009,7 @@ double label_smoothed_xent_forward(float* lse, const float* logits, const int* t
   if (M == 0) return 0;
   static_assert(kTokenCount == kLossSum + 1, "the loss and its token count are neighbours: one memset, one read");
   CUDA_CHECK(cudaMemsetAsync(scalar(kLossSum), 0, 2 * sizeof(double), stream()));
-  LAUNCH(xent_forward_kernel, warp_row_blocks(M), kWarpRows * 32, 0, lse, scalar(kLossSum), scalar(kTokenCount), logits, targets, M,
+  LAUNCH(xent_forward_kernel, warp_row_blocks(M), kWarpRowThreads, 0, lse, scalar(kLossSum), scalar(kTokenCount), logits, targets, M,
          V, qt, qo, pad);
   if (capturing()) return NAN;  // a graph cannot read: whoever replays it reads the loss (last_loss)
   return last_loss();
