@@ -49,6 +49,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <tuple>
@@ -87,6 +88,12 @@ inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
 inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
+
+// float4 (vector_types.h): four floats, 16-byte aligned, as one 16-byte load or store reads or writes them.
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 
 // bfloat16 (cuda_bf16.h): a float's sign, its 8 exponent bits and the top 7 of its mantissa.
 struct __nv_bfloat16 {
@@ -659,15 +666,18 @@ template <typename L> void run_grid(L call, const char* name, dim3 grid, dim3 bl
   if (s.dry_run) return;
   s.body = &L::run, s.body_arg = &call;
   s.kernel = name, s.grid_dim = grid, s.block_dim = block;
-  std::vector<unsigned char> dynamic(std::max<size_t>(shared, 1));  // its own allocation: AddressSanitizer guards its end
-  s.dynamic_shared = dynamic.data();
+  // its own allocation, which AddressSanitizer guards at its end, aligned to 16 bytes as a GPU's is
+  void* dynamic_bytes = nullptr;
+  if (posix_memalign(&dynamic_bytes, 16, std::max<size_t>(shared, 1)) != 0) throw std::bad_alloc();
+  const std::unique_ptr<unsigned char, decltype(&free)> dynamic((unsigned char*)dynamic_bytes, &free);
+  s.dynamic_shared = dynamic.get();
   signal(SIGALRM, on_timeout);
   alarm(s.timeout);
   std::vector<unsigned> order;
   const size_t blocks = (size_t)grid.x * grid.y * grid.z;
   for (unsigned b : visiting_order(order, blocks)) {
     s.block_idx = {(unsigned)(b % grid.x), (unsigned)(b / grid.x % grid.y), (unsigned)(b / ((size_t)grid.x * grid.y))};
-    std::fill(dynamic.begin(), dynamic.end(), 0xFF);  // NaN in every float nothing wrote
+    std::fill(dynamic.get(), dynamic.get() + shared, 0xFF);  // NaN in every float nothing wrote
     run_block();
     if (!s.failure.empty()) {
 #ifdef CUDA_EMULATOR_ASAN

@@ -2404,8 +2404,10 @@ void embedding_backward(float* demb, const float* dout, const int* ids, int B, i
 // ---- [Eq. 1, §3.2.1] attention: one block per (sentence, head) and tile of 32 queries or keys ----------
 // A block's 8 warps each take 4 of the tile's 32 rows; a lane takes one key (scores), one query (dK, dV)
 // or the head's columns d = lane + 32 t (weighted sums). Keys, values, queries and dctx rows pass through
-// shared memory a tile of 32 at a time, each row padded by one float so that a lane per row reads
-// distinct banks; the probabilities p (B, H, Lq, Lk) live in global memory, so any length works.
+// shared memory a tile of 32 at a time; the probabilities p (B, H, Lq, Lk) live in global memory, so any
+// length works. A tile's rows are attention_ld(Dk) floats apart: the dot products over the head's columns
+// read 4 of a row at a time (one 16-byte load, zeros past Dk), and the rows are an odd number of 16-byte
+// groups long, so that the 8 lanes of a quarter-warp, each reading its own row, hit distinct banks.
 constexpr int kAttentionTile = 32;  // rows of a tile: one per lane of a warp
 constexpr int kAttentionWarps = 8;
 constexpr int kAttentionThreads = kAttentionTile * kAttentionWarps;
@@ -2413,16 +2415,23 @@ constexpr int kRowsPerWarp = kAttentionTile / kAttentionWarps;
 // A warp's staging area: two values per lane and row of the warp (kStageFloats a warp), where the warp's
 // lanes leave what the others read (stage_rows), in place of a shuffle per value.
 constexpr int kStageFloats = 2 * kAttentionTile * kRowsPerWarp;
-// Without raising a kernel's limit a launch gets 48 KiB of dynamic shared memory: three padded tiles, 32
-// floats and the warps' staging areas fit for a head dimension Dk = D / H up to 105 (the paper's 64). A
-// lane keeps ceil(Dk / 32) sums.
-constexpr size_t kDefaultSharedBytes = 48 * 1024;
-constexpr int kMaxHeadDim =
-    (int)((kDefaultSharedBytes / sizeof(float) - kAttentionTile - kAttentionWarps * kStageFloats) / (3 * kAttentionTile)) - 1;
-constexpr int kHeadDimSlots = (kMaxHeadDim + 31) / 32;
+// A tile's row stride in floats: Dk rounded up to whole 16-byte groups, then to an odd number of them.
+__host__ __device__ constexpr int attention_ld(int Dk) { return 4 * ((Dk + 3) / 4 | 1); }
 // Where the staging areas start in the dynamic shared memory (in floats): past three tiles and 32 floats.
-__host__ __device__ inline size_t attention_stages_at(int Dk) { return 3 * (size_t)kAttentionTile * (Dk + 1) + kAttentionTile; }
-size_t attention_shared_bytes(int Dk) { return (attention_stages_at(Dk) + kAttentionWarps * kStageFloats) * sizeof(float); }
+__host__ __device__ constexpr size_t attention_stages_at(int Dk) {
+  return 3 * (size_t)kAttentionTile * attention_ld(Dk) + kAttentionTile;
+}
+constexpr size_t attention_shared_bytes(int Dk) { return (attention_stages_at(Dk) + kAttentionWarps * kStageFloats) * sizeof(float); }
+// Without raising a kernel's limit a launch gets 48 KiB of dynamic shared memory: three tiles, 32 floats
+// and the warps' staging areas fit for a head dimension Dk = D / H up to 100 (the paper's 64). A lane
+// keeps ceil(Dk / 32) sums.
+constexpr size_t kDefaultSharedBytes = 48 * 1024;
+constexpr int kMaxHeadDim = [] {
+  int Dk = 1;
+  while (attention_shared_bytes(Dk + 1) <= kDefaultSharedBytes) ++Dk;
+  return Dk;
+}();
+constexpr int kHeadDimSlots = (kMaxHeadDim + 31) / 32;
 // The calling warp's staging area.
 __device__ float* warp_stage(int Dk) { return dynamic_shared<float>() + attention_stages_at(Dk) + threadIdx.x / 32 * kStageFloats; }
 // x[r] of every lane of the warp into st, where any lane reads lane l's x[r] at st[l kRowsPerWarp + r] once
@@ -2436,12 +2445,36 @@ __device__ void stage_rows(float* st, const float (&x)[kRowsPerWarp]) {
   write_rows(st, x);
   __syncwarp();
 }
+// Four floats of shared memory at p (16-byte aligned) in one load.
+__device__ float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
 
-// Rows first .. first + 31 of x's head h ((B, L, D) rows, columns h Dk ..) into a padded tile; zeros past L.
+// Rows first .. first + 31 of x's head h ((B, L, D) rows, columns h Dk ..) into a tile (rows attention_ld(Dk)
+// apart); zeros past L and past Dk.
 __device__ void load_head_tile(float* tile, const float* x, int b, int h, int L, int first, int D, int Dk) {
-  for (int e = threadIdx.x; e < kAttentionTile * Dk; e += blockDim.x) {
-    const int r = e / Dk, d = e % Dk;
-    tile[r * (Dk + 1) + d] = first + r < L ? x[((size_t)b * L + first + r) * D + h * Dk + d] : 0.f;
+  const int ld = attention_ld(Dk);
+  for (int e = threadIdx.x; e < kAttentionTile * ld; e += blockDim.x) {
+    const int r = e / ld, d = e % ld;
+    tile[e] = first + r < L && d < Dk ? x[((size_t)b * L + first + r) * D + h * Dk + d] : 0.f;
+  }
+}
+
+// dot[r] = (row row_of(r) of tile `rows`) . (row `lane` of tile `lanes`) over Dk columns, for a warp's rows:
+// 4 columns at a time, each a 16-byte load (a row's 4 values shared by the lanes, broadcast)
+__device__ void rows_dot_lanes(float (&dot)[kRowsPerWarp], const float* rows, const float* lanes, int Dk) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, ld = attention_ld(Dk);
+  for (int r = 0; r < kRowsPerWarp; ++r) dot[r] = 0;
+  // not unrolled: nvcc's unrolling put more 16-byte loads in flight than the 64 registers a thread has
+  // (__launch_bounds__) hold, and the attention kernels spilled to local memory
+#pragma unroll 1
+  for (int d = 0; d < Dk; d += 4) {  // past Dk the tiles hold zeros
+    const float4 x = load4(lanes + lane * ld + d);
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      const float4 y = load4(rows + (warp + r * kAttentionWarps) * ld + d);
+      dot[r] += y.x * x.x;
+      dot[r] += y.y * x.y;
+      dot[r] += y.z * x.z;
+      dot[r] += y.w * x.w;
+    }
   }
 }
 
@@ -2466,7 +2499,7 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)  // 4 blocks an SM: at m
                              const uint8_t* key_valid, bool causal, DropoutKey drop, int H, int Lq, int Lk, int D) {
   drop = at_step(drop);
   // BEGIN SOLUTION task=attention_kernel points=5
-  const int b = blockIdx.x / H, h = blockIdx.x % H, Dk = D / H, ld = Dk + 1, i0 = blockIdx.y * kAttentionTile;
+  const int b = blockIdx.x / H, h = blockIdx.x % H, Dk = D / H, ld = attention_ld(Dk), i0 = blockIdx.y * kAttentionTile;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   float* qs = dynamic_shared<float>();  // (32, ld): the tile's queries
   float* ks = qs + kAttentionTile * ld;  // (32, ld): a tile of keys
@@ -2482,11 +2515,8 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)  // 4 blocks an SM: at m
   for (int j0 = 0; j0 < Lk; j0 += kAttentionTile) {
     load_head_tile(ks, k, b, h, Lk, j0, D, Dk);
     __syncthreads();  // the key tile is loaded
-    float dot[kRowsPerWarp] = {};  // q_i . k_j for the warp's rows i and the lane's key j
-    for (int d = 0; d < Dk; ++d) {
-      const float kd = ks[lane * ld + d];
-      for (int r = 0; r < kRowsPerWarp; ++r) dot[r] += qs[row_of(r) * ld + d] * kd;
-    }
+    float dot[kRowsPerWarp];  // q_i . k_j for the warp's rows i and the lane's key j
+    rows_dot_lanes(dot, qs, ks, Dk);
     for (int r = 0; r < kRowsPerWarp; ++r) {
       const int i = i0 + row_of(r), j = j0 + lane;
       if (i >= Lq || j >= Lk || !visible(i, j)) continue;
@@ -2539,16 +2569,6 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)  // 4 blocks an SM: at m
   if (ctx16) ctx_tile_to_bf16(ctx16, ctx, H, Lq, D);
 }
 
-// dot[r] = (row row_of(r) of tile `rows`) . (row `lane` of tile `lanes`) over Dk columns, for a warp's rows
-__device__ void rows_dot_lanes(float (&dot)[kRowsPerWarp], const float* rows, const float* lanes, int Dk) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, ld = Dk + 1;
-  for (int r = 0; r < kRowsPerWarp; ++r) dot[r] = 0;
-  for (int d = 0; d < Dk; ++d) {
-    const float x = lanes[lane * ld + d];
-    for (int r = 0; r < kRowsPerWarp; ++r) dot[r] += rows[(warp + r * kAttentionWarps) * ld + d] * x;
-  }
-}
-
 // Backward: grid (B H, query tiles + key tiles), one launch. A query tile's block writes dq, a key tile's
 // dk and dv, so nothing is added atomically, and a scratch that holds nothing yet is written, not zeroed
 // first and added to (add: false). Both form dp_ij, the row sums sum_l p_il dp_il and ds_ij themselves,
@@ -2562,7 +2582,7 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
     attention_backward_kernel(float* dq, float* dk, float* dv, bf16* dq16, bf16* dk16, bf16* dv16, const float* dctx, const float* p,
                               const float* q, const float* k, const float* v, DropoutKey drop, bool add, int H, int Lq, int Lk, int D) {
   drop = at_step(drop);
-  const int b = blockIdx.x / H, h = blockIdx.x % H, Dk = D / H, ld = Dk + 1;
+  const int b = blockIdx.x / H, h = blockIdx.x % H, Dk = D / H, ld = attention_ld(Dk);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, query_tiles = (Lq + kAttentionTile - 1) / kAttentionTile;
   float* t0 = dynamic_shared<float>();  // three (32, ld) tiles and 32 floats (then the warps' staging areas)
   float* t1 = t0 + kAttentionTile * ld;

@@ -69,9 +69,10 @@ __global__ void shfl_kernel(int* from_lane3, int* down2, unsigned* ballot, doubl
   xor_width8[lane] = __shfl_xor_sync(0xffffffffu, lane + 0.5, 5, 8);  // a double: 8 bytes per lane
 }
 
-__global__ void shared_kernel(float* out, float* dynamic_first) {
+__global__ void shared_kernel(float* out, float* dynamic_first, float* misalignment) {
   float* dyn = dynamic_shared<float>();
   if (threadIdx.x == 0) dynamic_first[blockIdx.x] = dyn[5];  // read before any write: NaN
+  if (threadIdx.x == 0) misalignment[blockIdx.x] = (float)((uintptr_t)dyn % 16);  // 16-byte loads (float4) need 0
   __syncthreads();
   dyn[threadIdx.x] = (float)(threadIdx.x + blockIdx.x);
   __syncthreads();
@@ -269,16 +270,18 @@ int main() {
     ck.expect(wrong == 0, "shfl_kernel: %d lanes got another value than CUDA defines", wrong);
     for (void* p : {(void*)lane3, (void*)down2, (void*)ballot, (void*)xor8}) cudaFree(p);
   }
-  {  // static and dynamic shared memory; dynamic shared memory starts as NaN in every block
+  {  // static and dynamic shared memory; dynamic shared memory starts as NaN in every block, 16-byte aligned
     float* out = device<float>(2 * 64);
     float* first = device<float>(2);
-    RUN(shared_kernel, 2, 64, 64 * sizeof(float), out, first);
-    const auto h = download(out, 128), f = download(first, 2);
+    float* misalignment = device<float>(2);
+    RUN(shared_kernel, 2, 64, 64 * sizeof(float) + 3, out, first, misalignment);  // a size that is no multiple of 16
+    const auto h = download(out, 128), f = download(first, 2), m = download(misalignment, 2);
     int wrong = 0;
     for (int b = 0; b < 2; ++b)
       for (int t = 0; t < 64; ++t) wrong += h[b * 64 + t] != (float)(63 - t + b);
     ck.expect(wrong == 0 && std::isnan(f[0]) && std::isnan(f[1]), "shared_kernel: %d wrong, unwritten dynamic shared %g %g", wrong, f[0], f[1]);
-    cudaFree(out), cudaFree(first);
+    ck.expect(m[0] == 0 && m[1] == 0, "shared_kernel: dynamic shared memory %g and %g bytes past a 16-byte boundary", m[0], m[1]);
+    cudaFree(out), cudaFree(first), cudaFree(misalignment);
   }
   {  // atomics, and the order in which a block's threads start under each CUDA_EMULATOR_ORDER
     const emu::Order saved = emu::state().order;
@@ -359,11 +362,11 @@ int main() {
   ck.expect(cudaGetLastError() == cudaErrorInvalidConfiguration, "1025 threads: cudaErrorInvalidConfiguration");
   RUN(nothing_kernel, 0, 32, 0, out);
   ck.expect(cudaGetLastError() == cudaErrorInvalidConfiguration, "a zero grid: cudaErrorInvalidConfiguration");
-  RUN(shared_kernel, 1, 32, 49 * 1024, out, out);
+  RUN(shared_kernel, 1, 32, 49 * 1024, out, out, out + 1);
   ck.expect(cudaGetLastError() == cudaErrorInvalidValue, "49 KiB of dynamic shared memory: cudaErrorInvalidValue");
   ck.expect(cudaFuncSetAttribute(shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024) == cudaSuccess,
             "cudaFuncSetAttribute raises the limit to 64 KiB");
-  RUN(shared_kernel, 1, 32, 49 * 1024, out, out + 1024);
+  RUN(shared_kernel, 1, 32, 49 * 1024, out, out + 1024, out + 1025);
   ck.expect(cudaGetLastError() == cudaSuccess, "49 KiB of dynamic shared memory once raised: launched");
 
   {  // the host API
