@@ -89,11 +89,10 @@ inline int max(int a, int b) { return a > b ? a : b; }
 inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
 inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
 
-// float4 (vector_types.h): four floats, 16-byte aligned, as one 16-byte load or store reads or writes them.
+// float4 (vector_types.h): four floats, 16-byte aligned, as one 16-byte load reads them.
 struct alignas(16) float4 {
   float x, y, z, w;
 };
-inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 
 // bfloat16 (cuda_bf16.h): a float's sign, its 8 exponent bits and the top 7 of its mantissa.
 struct __nv_bfloat16 {
