@@ -84,6 +84,7 @@ struct dim3 {
 constexpr int warpSize = 32;
 
 inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
+inline bool signbit(float x) { return std::signbit(x); }  // CUDA's, in device code: whether the sign bit is set (-0 too)
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }

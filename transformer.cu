@@ -2183,7 +2183,8 @@ struct Bf16Copy {
   const float* base;
   bf16* copy;
   size_t n;
-  bool twin;  // an activation's twin (set_bf16_twins), in its owner's storage; else a parameter copy, ours
+  bool twin;   // an activation's twin (set_bf16_twins), in its owner's storage; else a parameter copy, ours
+  bool alone;  // a twin that its producer writes without the fp32 values (Bf16Twin)
 };
 static std::vector<Bf16Copy>& bf16_copies() {
   static std::vector<Bf16Copy> copies;
@@ -2204,19 +2205,19 @@ void keep_bf16_copy(const float* p, size_t n) {
   if (bf16_copy_of(p)) return;
   bf16* copy = alloc_of<bf16>(n);
   if (n) LAUNCH(to_bf16_kernel, blocks_for(n), 256, 0, copy, p, n);
-  bf16_copies().push_back({p, copy, n, false});
+  bf16_copies().push_back({p, copy, n, false, false});
 }
-// The twins of the activations listed (where each starts, its floats), laid one after another in storage,
-// replacing those set before; an empty list drops them. A producer of a listed buffer must write its twin.
-static void set_bf16_twins(const std::vector<std::pair<const float*, size_t>>& twins, bf16* storage) {
+// A producer of a listed buffer must write its twin (and, unless the twin is alone, the fp32 values).
+void set_bf16_twins(const std::vector<Bf16Twin>& twins, void* storage) {
   auto& v = bf16_copies();
   v.erase(std::remove_if(v.begin(), v.end(), [](const Bf16Copy& c) { return c.twin; }), v.end());
-  for (const auto& [p, n] : twins) v.push_back({p, storage, n, true}), storage += n;
+  bf16* at = static_cast<bf16*>(storage);
+  for (const Bf16Twin& t : twins) v.push_back({t.p, at, t.n, true, t.alone}), at += t.n;
 }
-std::vector<std::pair<const float*, size_t>> bf16_twins() {
-  std::vector<std::pair<const float*, size_t>> t;
+std::vector<Bf16Twin> bf16_twins() {
+  std::vector<Bf16Twin> t;
   for (const Bf16Copy& c : bf16_copies())
-    if (c.twin) t.push_back({c.base, c.n});
+    if (c.twin) t.push_back({c.base, c.n, c.alone});
   return t;
 }
 void drop_bf16_copy(const float* p) {
@@ -2230,9 +2231,10 @@ void drop_bf16_copy(const float* p) {
     }
 }
 // The twin a producer writes beside its output, the n elements at p (bf16 products, p listed by
-// set_bf16_twins), else null.
-static bf16* bf16_twin_of(const float* p, size_t n) {
+// set_bf16_twins), else null; *alone: whether the twin is listed alone (ffn_forward's h, which then writes no fp32 values).
+static bf16* bf16_twin_of(const float* p, size_t n, bool* alone = nullptr) {
   const Bf16Copy* c = products() == Precision::bf16 ? bf16_entry_of(p) : nullptr;
+  if (alone) *alone = c && c->twin && c->alone;
   if (!c || !c->twin) return nullptr;
   if (n > (size_t)(c->base + c->n - p)) throw std::logic_error("a producer writes past its output's bf16 twin");
   return c->copy + (p - c->base);
@@ -2769,24 +2771,27 @@ void multihead_attention_backward(float* dxq, float* dxkv, const AttentionWeight
 }
 
 // ---- [Eq. 2, §3.3] the feed-forward network ----------------------------------------------------------
-// After the first product (hpre = in W1): the bias, the ReLU and the dropout in one pass, not three. In
-// bf16 the pass also rounds h for the second product (h16: h's twin, or scratch), and the backward's pass
-// likewise dh.
-__global__ void bias_relu_dropout_kernel(float* hpre, float* h, bf16* h16, const float* b, DropoutKey drop, size_t M, int F,
+// After the first product (hpre = in W1): the bias, the ReLU and the dropout in one pass, not three, the
+// bias added as the pass reads hpre (not written back: nothing reads hpre after this pass). In bf16 the
+// pass also rounds h for the second product (h16: h's twin, or scratch). A unit that did not pass (x <= 0,
+// or dropped) is written as -0, one that did as x scale > 0 (its bf16 rounding +0 at the least), so the
+// backward takes the mask from h's sign bit, or its twin's; a training step's bf16 twin is listed alone,
+// and then the pass writes it and not h (h null). The backward's pass likewise rounds dh.
+__global__ void bias_relu_dropout_kernel(float* h, bf16* h16, const float* hpre, const float* b, DropoutKey drop, size_t M, int F,
                                          float scale) {
   drop = at_step(drop);
   GRID_STRIDE(i, M * F) {
     const float x = hpre[i] + b[i % F];
-    hpre[i] = x;
-    h[i] = x > 0 && (drop.p == 0 || dropout_keeps(drop, i)) ? x * scale : 0.f;
-    if (h16) h16[i] = __float2bfloat16(h[i]);
+    const float y = x > 0 && (drop.p == 0 || dropout_keeps(drop, i)) ? x * scale : -0.f;
+    if (h) h[i] = y;
+    if (h16) h16[i] = __float2bfloat16(y);
   }
 }
-__global__ void relu_backward_kernel(float* dh, bf16* dh16, const float* hpre, DropoutKey drop, size_t n, float scale) {
-  drop = at_step(drop);
+// Whether unit i passed the ReLU and its dropout, from the sign of what the forward wrote (h16 if not null)
+__device__ bool relu_passed(const float* h, const bf16* h16, size_t i) { return !signbit(h16 ? __bfloat162float(h16[i]) : h[i]); }
+__global__ void relu_backward_kernel(float* dh, bf16* dh16, const float* h, const bf16* h16, size_t n, float scale) {
   GRID_STRIDE(i, n) {
-    const bool pass = hpre[i] > 0 && (drop.p == 0 || dropout_keeps(drop, i));
-    dh[i] = pass ? dh[i] * scale : 0.f;
+    dh[i] = relu_passed(h, h16, i) ? dh[i] * scale : 0.f;
     if (dh16) dh16[i] = __float2bfloat16(dh[i]);
   }
 }
@@ -2795,9 +2800,10 @@ void ffn_forward(float* out, const FfnActs<float>& a, const float* in, const Ffn
                  int M, int D, int F) {
   const size_t n = (size_t)M * F;
   gemm(false, false, M, F, D, in, D, w.w1, F, a.hpre, F, false);  // hpre = in W1, then + b1, ReLU, dropout
-  bf16* h16 = bf16_twin_of(a.h, n);
+  bool alone;
+  bf16* h16 = bf16_twin_of(a.h, n, &alone);
   if (!h16) h16 = rounded_in_pass(n);
-  LAUNCH(bias_relu_dropout_kernel, blocks_for(n), 256, 0, a.hpre, a.h, h16, w.b1, relu_drop, (size_t)M, F,
+  LAUNCH(bias_relu_dropout_kernel, blocks_for(n), 256, 0, alone ? nullptr : a.h, h16, a.hpre, w.b1, relu_drop, (size_t)M, F,
          (float)dropout_scale(relu_drop));
   linear_forward(out, Operand{a.h, h16}, w.w2, w.b2, M, F, D);
 }
@@ -2807,7 +2813,7 @@ void ffn_backward(float* din, const FfnWeights<float>& dw, float* dh, const floa
   const size_t n = (size_t)M * F;
   linear_backward(dh, false, dw.w2, dw.b2, operand(dout, (size_t)M * D, kLeft), a.h, w.w2, M, F, D);  // dh written, not added
   bf16* dh16 = rounded_in_pass(n);
-  LAUNCH(relu_backward_kernel, blocks_for(n), 256, 0, dh, dh16, a.hpre, relu_drop, n, (float)dropout_scale(relu_drop));
+  LAUNCH(relu_backward_kernel, blocks_for(n), 256, 0, dh, dh16, a.h, bf16_twin_of(a.h, n), n, (float)dropout_scale(relu_drop));
   linear_backward(din, true, dw.w1, dw.b1, Operand{dh, dh16}, in, w.w1, M, D, F);
 }
 
@@ -3410,8 +3416,9 @@ class GpuModel : public DeviceModel {
   }
   // [mixed precision] The activations that products read after their producer, which writes each one's
   // bf16 twin in the same pass (gpu::set_bf16_twins), so that no product rounds them again, forward or
-  // backward: each attention's ctx, each FFN's h, the embedded inputs x0 (their embedding, then their
-  // dropout in place, each writes it), and post-LN each sub-layer connection's output (the next
+  // backward: each attention's ctx, each FFN's h (alone: its fp32 values are not written, as nothing but
+  // its products and the backward's ReLU mask, from the twin's signs, reads h), the embedded inputs x0
+  // (their embedding, then their dropout in place, each writes it), and post-LN each sub-layer connection's output (the next
   // sub-layer's input, the encoder's output, the decoder's). Pre-LN's sub-layer inputs come from
   // layernorm_forward, which writes none: they are rounded on their way into the products. Two gradients
   // too: the logits' (the loss's backward writes it) and a sub-layer's output's, d_sub (the residual's
@@ -3427,17 +3434,17 @@ class GpuModel : public DeviceModel {
       };
       twin_list.push_back({acts.enc.x0, Ms * D}), twin_list.push_back({acts.dec.x0, Mt * D});
       for (const EncoderLayerActs<float>& l : acts.enc_layers) {
-        twin_list.push_back({l.self.ctx, Ms * D}), twin_list.push_back({l.ffn.h, Ms * F});
+        twin_list.push_back({l.self.ctx, Ms * D}), twin_list.push_back({l.ffn.h, Ms * F, true});
         connection(l.self_sub, Ms), connection(l.ffn_sub, Ms);
       }
       for (const DecoderLayerActs<float>& l : acts.dec_layers) {
-        twin_list.push_back({l.self.ctx, Mt * D}), twin_list.push_back({l.cross.ctx, Mt * D}), twin_list.push_back({l.ffn.h, Mt * F});
+        twin_list.push_back({l.self.ctx, Mt * D}), twin_list.push_back({l.cross.ctx, Mt * D}), twin_list.push_back({l.ffn.h, Mt * F, true});
         connection(l.self_sub, Mt), connection(l.cross_sub, Mt), connection(l.ffn_sub, Mt);
       }
       twin_list.push_back({acts.dlogits, Mt * c.V}), twin_list.push_back({acts.d_sub, std::max(Ms, Mt) * D});
     }
     size_t need = 0;
-    for (const auto& t : twin_list) need += t.second;
+    for (const gpu::Bf16Twin& t : twin_list) need += t.n;
     if (need > twins_size) {
       if (twins) gpu::release(twins);
       twins = nullptr, twins_size = 0;  // if the allocation fails
@@ -3468,7 +3475,7 @@ class GpuModel : public DeviceModel {
   Activations<float> acts;  // carved in the device arena
   float* arena = nullptr;
   size_t arena_size = 0, ids_size = 0;
-  std::vector<std::pair<const float*, size_t>> twin_list;  // the activations with a bf16 twin (keep_bf16_twins)
+  std::vector<gpu::Bf16Twin> twin_list;  // the activations with a bf16 twin (keep_bf16_twins)
   gpu::bf16* twins = nullptr;                              // their twins, one after another
   size_t twins_size = 0;
   int* ids = nullptr;         // src, tgt_in, tgt_out of the batch

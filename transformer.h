@@ -166,7 +166,7 @@ template <typename T> struct SublayerActs {
   T* out;     // the connection's output (B, L, D)
   T *mean, *rstd;  // LayerNorm statistics (B*L)
 };
-template <typename T> struct FfnActs { T *hpre, *h; };  // (M, F) before ReLU, after ReLU (+ dropout)
+template <typename T> struct FfnActs { T *hpre, *h; };  // (M, F) before ReLU (on the GPU before its bias), after ReLU (+ dropout)
 template <typename T> struct EncoderLayerActs {
   SublayerActs<T> self_sub; AttentionActs<T> self; SublayerActs<T> ffn_sub; FfnActs<T> ffn;
 };
@@ -568,9 +568,19 @@ void synchronize();
 void keep_bf16_copy(const float* p, size_t n);
 void drop_bf16_copy(const float* p);
 std::vector<float> bf16_copy(const float* p, size_t n);
-// The activations that have a bf16 twin now (a model's training step in bf16: where each starts, its
-// floats), which their producers write and the products read; bf16_copy gives a twin's elements (for the tests).
-std::vector<std::pair<const float*, size_t>> bf16_twins();
+// An activation with a bf16 twin (a model's training step in bf16): where it starts, its floats, and
+// whether its producer writes the twin alone, without the fp32 values (nothing reads those in that step).
+struct Bf16Twin {
+  const float* p;
+  size_t n;
+  bool alone = false;
+};
+// The activations that have a bf16 twin now, which their producers write and the products read;
+// bf16_copy gives a twin's elements (for the tests).
+std::vector<Bf16Twin> bf16_twins();
+// Gives the activations listed their twins, one after another in storage (device memory, 2 bytes an
+// element), replacing those set before; an empty list drops them (a model's training step; the tests).
+void set_bf16_twins(const std::vector<Bf16Twin>& twins, void* storage);
 // In bf16 precision the operands are rounded to bf16 (a parameter's copy is used where it has one).
 void gemm(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc,
           bool accumulate);
