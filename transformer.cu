@@ -2602,15 +2602,15 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
   auto row_of = [&](int r) { return warp + r * kAttentionWarps; };  // the warp's r-th row of a tile
   // forward was: ctx_i = sum_j p'_ij v_j (p'_ij = p_ij keep_ij), p_i = softmax(s_i), s_ij = scale q_i . k_j
   // so now: dp_ij = keep_ij (dctx_i . v_j), ds_ij = p_ij (dp_ij - sum_l p_il dp_il)
-  // row_sums(rd, dcs, stream, i0): rd[r] = sum_j p_ij dp_ij for the warp's rows i = i0 + row_of(r), their
-  // dctx rows in the tile dcs, over the key tiles in order, each one's values loaded into the tile stream
-  auto row_sums = [&](float (&rd)[kRowsPerWarp], const float* dcs, float* stream, int i0) {
+  // row_sums(rd, dot, dcs, stream, i0): rd[r] = sum_j p_ij dp_ij for the warp's rows i = i0 + row_of(r),
+  // their dctx rows in the tile dcs, over the key tiles in order, each one's values loaded into the tile
+  // stream; it leaves the last key tile in stream and its dctx_i . v_j (the lane's key j) in dot
+  auto row_sums = [&](float (&rd)[kRowsPerWarp], float (&dot)[kRowsPerWarp], const float* dcs, float* stream, int i0) {
     for (int r = 0; r < kRowsPerWarp; ++r) rd[r] = 0;
     for (int j0 = 0; j0 < Lk; j0 += kAttentionTile) {
       __syncthreads();  // dcs is loaded, and stream read by all
       load_head_tile(stream, v, b, h, Lk, j0, D, Dk);
       __syncthreads();
-      float dot[kRowsPerWarp];  // dctx_i . v_j for the warp's rows i and the lane's key j
       rows_dot_lanes(dot, dcs, stream, Dk);
       for (int r = 0; r < kRowsPerWarp && i0 + row_of(r) < Lq; ++r) {
         const int i = i0 + row_of(r), j = j0 + lane;
@@ -2628,13 +2628,16 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
     float *dcs = t0, *ks = t1, *vs = t2;
     load_head_tile(dcs, dctx, b, h, Lq, i0, D, Dk);
     float rd[kRowsPerWarp], ds[kRowsPerWarp];
-    row_sums(rd, dcs, vs, i0);
+    float dot[kRowsPerWarp];  // dctx_i . v_j for the warp's rows i and the lane's key j
+    row_sums(rd, dot, dcs, vs, i0);
     for (int j0 = 0; j0 < Lk; j0 += kAttentionTile) {
       load_head_tile(ks, k, b, h, Lk, j0, D, Dk);
-      load_head_tile(vs, v, b, h, Lk, j0, D, Dk);
+      if (Lk > kAttentionTile) {  // else the only key tile's values and dot products are row_sums'
+        load_head_tile(vs, v, b, h, Lk, j0, D, Dk);
+        __syncthreads();
+        rows_dot_lanes(dot, dcs, vs, Dk);
+      }
       __syncthreads();
-      float dot[kRowsPerWarp];  // dctx_i . v_j for the warp's rows i and the lane's key j
-      rows_dot_lanes(dot, dcs, vs, Dk);
       for (int r = 0; r < kRowsPerWarp; ++r) {
         const int i = i0 + row_of(r), j = j0 + lane;
         const float pij = i < Lq && j < Lk ? p[at(i, j)] : 0.f;
@@ -2662,13 +2665,12 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
     float ds[kRowsPerWarp], pk[kRowsPerWarp];
     for (int i0 = 0; i0 < Lq; i0 += kAttentionTile) {
       load_head_tile(dcs, dctx, b, h, Lq, i0, D, Dk);
-      float rd[kRowsPerWarp];
-      row_sums(rd, dcs, qs, i0);  // the query tile's space streams the values first
+      float rd[kRowsPerWarp], dot[kRowsPerWarp];  // dot: then dctx_i . v_j for the lane's query i and the warp's keys j
+      row_sums(rd, dot, dcs, qs, i0);  // the query tile's space streams the values first
       for (int r = 0; r < kRowsPerWarp; ++r)
         if (lane == 0) rowdot[row_of(r)] = rd[r];
       load_head_tile(qs, q, b, h, Lq, i0, D, Dk);
       __syncthreads();
-      float dot[kRowsPerWarp];  // dctx_i . v_j for the lane's query i and the warp's keys j
       rows_dot_lanes(dot, vks, dcs, Dk);
       for (int r = 0; r < kRowsPerWarp; ++r) {
         const int j = j0 + row_of(r), i = i0 + lane;
