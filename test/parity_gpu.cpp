@@ -813,7 +813,9 @@ int main() {
   // the backward takes the ReLU's and the dropout's mask from the twin's signs. Every output has the same
   // bits as with h written in fp32 and rounded into scratch, where the backward reads the mask from h.
   {
-    Buf in(r.vec((size_t)M * D)), w1(r.vec((size_t)D * F)), b1(r.vec(F)), w2(r.vec((size_t)F * D)), b2(r.vec(D)), dout(r.vec((size_t)M * D));
+    Rand rf{7};  // its own numbers: the cases after it get the inputs they had before it came
+    Buf in(rf.vec((size_t)M * D)), w1(rf.vec((size_t)D * F)), b1(rf.vec(F)), w2(rf.vec((size_t)F * D)), b2(rf.vec(D)),
+        dout(rf.vec((size_t)M * D));
     const size_t n = (size_t)M * F;
     const auto run = [&](bool alone, size_t* h_written) {
       Buf hpre(zeros(n)), h(zeros(n)), out(zeros((size_t)M * D)), dh(zeros(n)), din(zeros((size_t)M * D));
