@@ -9,7 +9,7 @@
 #      validation changes nothing in training);
 #   3. a NaN loss is still named by its step when read late: the step a run that reads each step names;
 #   4. a row's tokens/s is that of the steps read with it (the host's clock stops when it has queued a step,
-#      not when the GPU has run it): the 70 rows carry 3 rates, finite and positive: step 1's, steps 2-65's,
+#      not when the GPU has run it): the 70 rows carry one rate per read, finite and positive: step 1's, steps 2-65's,
 #      steps 66-70's.
 # A model of 1 layer, d_model 16, on a corpus of 174 batches an epoch: no validation or checkpoint before
 # the stop unless asked for.
@@ -44,11 +44,12 @@ check "70 logged losses, none empty" test "$(losses late | awk 'NF == 2' | wc -l
 check "every step's logged loss is the same bits read late as read every 5th step ($(diff <(losses late) <(losses often) | head -2 | tr '\n' ' '))" \
   diff -q <(losses late) <(losses often)
 # 4. tokens_per_s ($5) of the 70 rows, by read: "1 RATE", "2 RATE" (steps 2-65), "3 RATE" (66-70); each
-# group one finite positive rate, and the three different
+# group one finite positive rate. (Not that the three differ: they are clock readings, and on the emulated
+# GPU, whose steps all take about as long, two of them came out equal in the log's digits: 262, 264, 262.)
 rates() { awk -F, 'NR > 1 && !seen[$1]++ { print ($1 == 1 ? 1 : $1 <= 65 ? 2 : 3), $5 }' "$1/log.csv" | sort -u; }
 check "the 70 rows carry one tokens/s per read (got: $(rates late | tr '\n' ' '))" \
   test "$(rates late | wc -l)" = 3 -a "$(rates late | cut -d' ' -f1 | tr -d '\n')" = 123 \
-       -a "$(rates late | awk '$2 + 0 > 0 && $2 + 0 < 1e300' | cut -d' ' -f2 | sort -u | wc -l)" = 3
+       -a "$(rates late | awk '$2 + 0 > 0 && $2 + 0 < 1e300' | wc -l)" = 3
 
 # 3. the learning rate far too large: the loss goes NaN within a few steps
 nan=(--lr-scale 1e9 --warmup 1 --max-steps 40)
