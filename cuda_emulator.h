@@ -25,7 +25,9 @@
 // The order in which a block's threads run between two meeting points, and the order of the blocks, is
 // set by CUDA_EMULATOR_ORDER: inorder (default), reverse, or shuffle (reshuffled at every meeting point,
 // seeded by CUDA_EMULATOR_SEED): a missing __syncthreads or a race on shared memory gives another result
-// under another order. An execution error is sticky as on a GPU: every later call returns
+// under another order. A warp whose collective completes goes on at once, before the threads after it in
+// the order, so a warp runs ahead of the others between two __syncthreads: a race between warps that
+// only a __syncwarp "orders" shows too. An execution error is sticky as on a GPU: every later call returns
 // cudaErrorLaunchFailure, and cudaGetErrorString gives the emulator's one-line finding.
 // CUDA_EMULATOR_DRY_RUN=1 checks and counts launches and cuBLAS calls (emu::counts()) without running them:
 // what a step asks of the GPU at full size in seconds (copies and memsets still run; results are garbage).
@@ -265,6 +267,8 @@ struct State {
   uint3 block_idx{0, 0, 0};
   dim3 block_dim, grid_dim;
   std::vector<Thread> threads;
+  std::vector<unsigned> at_collective;  // per warp: its lanes waiting at a warp collective
+  std::vector<unsigned> place_in_order;  // run_released's: each thread's place in the visiting order
   Thread* current = nullptr;
   std::vector<unsigned> start_order;  // the order in which the block's threads start
   size_t started = 0;                 // how many have
@@ -420,6 +424,7 @@ template <typename T> T from_bits(uint64_t b) {
 inline uint64_t collective(Collective kind, unsigned mask, uint64_t value, int arg, int width, int line) {
   Thread& t = this_thread();
   t.wait = Wait::warp, t.kind = kind, t.mask = mask, t.value = value, t.arg = arg, t.width = width, t.line = line;
+  ++state().at_collective[t.warp];
   suspend();
   return t.result;
 }
@@ -448,55 +453,69 @@ inline unsigned source_lane(const Thread& t) {
   }
 }
 
+// Completes the warp collective that t waits at, if every lane of its mask has arrived at it. Returns
+// whether it did; a finding goes to state().failure.
+inline bool complete_collective(const Thread& t) {
+  State& s = state();
+  const char* name = collective_name(t.kind);
+  const unsigned base = t.warp * warpSize;
+  if (!(t.mask >> t.lane & 1u)) {
+    s.failure = format("%s at line %d: lane %u calls it with mask 0x%08x, which leaves the lane out", name, t.line, t.lane, t.mask);
+    return false;
+  }
+  if (t.kind != Collective::ballot && t.kind != Collective::syncwarp &&
+      (t.width < 1 || t.width > warpSize || (t.width & (t.width - 1)))) {
+    s.failure = format("%s at line %d: width %d is not a power of 2 up to 32", name, t.line, t.width);
+    return false;
+  }
+  bool ready = true;
+  for (unsigned l = 0; l < (unsigned)warpSize; ++l) {
+    if (!(t.mask >> l & 1u)) continue;
+    if (base + l >= s.threads.size()) {
+      s.failure = format("%s at line %d: mask 0x%08x names lane %u, which this block does not have", name, t.line, t.mask, l);
+      return false;
+    }
+    const Thread& u = s.threads[base + l];
+    if (u.wait == Wait::exited) {
+      s.failure = format("%s at line %d: mask 0x%08x names lane %u, which has returned (a collective only some lanes reach)",
+                         name, t.line, t.mask, l);
+      return false;
+    }
+    ready = ready && u.wait == Wait::warp && u.kind == t.kind && u.mask == t.mask;
+  }
+  if (!ready) return false;
+  const unsigned mask = t.mask;  // t's own fields change below
+  uint64_t ballot = 0;
+  for (unsigned l = 0; l < (unsigned)warpSize; ++l)
+    if (mask >> l & 1u) ballot |= (uint64_t)(s.threads[base + l].value != 0) << l;
+  for (unsigned l = 0; l < (unsigned)warpSize; ++l) {
+    if (!(mask >> l & 1u)) continue;
+    Thread& u = s.threads[base + l];
+    const unsigned src = source_lane(u);
+    if (src != u.lane && !(mask >> src & 1u)) {
+      s.failure = format("%s at line %d: lane %u reads lane %u, which is not in the mask 0x%08x", name, u.line, u.lane, src, mask);
+      return false;
+    }
+    u.result = u.kind == Collective::ballot ? ballot : s.threads[base + src].value;
+  }
+  for (unsigned l = 0; l < (unsigned)warpSize; ++l)
+    if (mask >> l & 1u) s.threads[base + l].wait = Wait::running, --s.at_collective[t.warp];
+  return true;
+}
+// Whether as many of t's warp's lanes wait at a collective as t's mask names (then complete_collective
+// may complete it): a count, where complete_collective reads every lane.
+inline bool warp_may_meet(const Thread& t) {
+  return t.wait == Wait::warp && state().at_collective[t.warp] >= (unsigned)__builtin_popcount(t.mask);
+}
 // Completes every warp collective whose mask's lanes have all arrived at it. Returns whether one did;
 // a finding goes to state().failure.
 inline bool complete_collectives() {
   State& s = state();
   bool progress = false;
-  for (Thread& t : s.threads) {
+  for (const Thread& t : s.threads) {
     if (t.wait != Wait::warp) continue;
-    const char* name = collective_name(t.kind);
-    const unsigned base = t.warp * warpSize;
-    if (!(t.mask >> t.lane & 1u)) {
-      s.failure = format("%s at line %d: lane %u calls it with mask 0x%08x, which leaves the lane out", name, t.line, t.lane, t.mask);
-      return false;
-    }
-    if (t.kind != Collective::ballot && t.kind != Collective::syncwarp &&
-        (t.width < 1 || t.width > warpSize || (t.width & (t.width - 1)))) {
-      s.failure = format("%s at line %d: width %d is not a power of 2 up to 32", name, t.line, t.width);
-      return false;
-    }
-    bool ready = true;
-    for (unsigned l = 0; l < (unsigned)warpSize; ++l) {
-      if (!(t.mask >> l & 1u)) continue;
-      if (base + l >= s.threads.size()) {
-        s.failure = format("%s at line %d: mask 0x%08x names lane %u, which this block does not have", name, t.line, t.mask, l);
-        return false;
-      }
-      const Thread& u = s.threads[base + l];
-      if (u.wait == Wait::exited) {
-        s.failure = format("%s at line %d: mask 0x%08x names lane %u, which has returned (a collective only some lanes reach)",
-                           name, t.line, t.mask, l);
-        return false;
-      }
-      ready = ready && u.wait == Wait::warp && u.kind == t.kind && u.mask == t.mask;
-    }
-    if (!ready) continue;
-    uint64_t ballot = 0;
-    for (unsigned l = 0; l < (unsigned)warpSize; ++l)
-      if (t.mask >> l & 1u) ballot |= (uint64_t)(s.threads[base + l].value != 0) << l;
-    for (unsigned l = 0; l < (unsigned)warpSize; ++l) {
-      if (!(t.mask >> l & 1u)) continue;
-      Thread& u = s.threads[base + l];
-      const unsigned src = source_lane(u);
-      if (src != u.lane && !(t.mask >> src & 1u)) {
-        s.failure = format("%s at line %d: lane %u reads lane %u, which is not in the mask 0x%08x", name, u.line, u.lane, src, t.mask);
-        return false;
-      }
-      u.result = u.kind == Collective::ballot ? ballot : s.threads[base + src].value;
-      u.wait = Wait::running;
-    }
-    progress = true;
+    if (complete_collective(t)) progress = true;
+    else if (!s.failure.empty()) return false;
   }
   return progress;
 }
@@ -555,11 +574,40 @@ inline const std::vector<unsigned>& visiting_order(std::vector<unsigned>& order,
   return order;
 }
 
+// Runs the started threads that may go on, in the visiting order, each until it waits again. A warp whose
+// collective completes goes on at once, before the threads after it in the order: between two
+// __syncthreads a warp runs ahead of the others, as it may on a GPU, so that shared memory that only a
+// __syncwarp orders between two warps shows a race (else every warp would write before any read).
+inline void run_released(std::vector<unsigned>& order) {
+  State& s = state();
+  visiting_order(order, s.threads.size());
+  std::vector<unsigned>& place = s.place_in_order;  // where each thread is in the order
+  place.resize(order.size());
+  for (size_t k = 0; k < order.size(); ++k) place[order[k]] = (unsigned)k;
+  for (size_t k = 0; k < order.size() && s.failure.empty();) {
+    Thread& t = s.threads[order[k]];
+    if (t.wait != Wait::running || t.fiber == SIZE_MAX) {  // waiting, returned, or not started
+      ++k;
+      continue;
+    }
+    s.current = &t, switch_to_fiber(t.fiber);
+    if (warp_may_meet(t) && complete_collective(t)) {  // its warp goes on first: from its first lane in the order
+      const unsigned base = t.warp * warpSize, mask = t.mask;
+      k = order.size();
+      for (unsigned l = 0; l < (unsigned)warpSize; ++l)
+        if (mask >> l & 1u) k = std::min<size_t>(k, place[base + l]);
+    } else {
+      ++k;
+    }
+  }
+}
+
 // Runs one block to its end, or to its first finding (state().failure).
 inline void run_block() {
   State& s = state();
   const size_t n = (size_t)s.block_dim.x * s.block_dim.y * s.block_dim.z;
   s.threads.assign(n, Thread{});
+  s.at_collective.assign((n + warpSize - 1) / warpSize, 0);
   for (size_t i = 0; i < n; ++i) {
     Thread& t = s.threads[i];
     t.idx = {(unsigned)(i % s.block_dim.x), (unsigned)(i / s.block_dim.x % s.block_dim.y),
@@ -569,8 +617,13 @@ inline void run_block() {
   }
   visiting_order(s.start_order, n);
   s.started = 0, s.fibers_used = 0;
-  while (s.started < n) start_fiber();  // each thread runs until it waits or returns
   std::vector<unsigned> order;
+  while (s.started < n) {  // each thread runs until it waits or returns; a warp that meets goes on first
+    start_fiber();
+    const Thread& last = s.threads[s.start_order[s.started - 1]];  // the one that waits, unless all returned
+    if (warp_may_meet(last) && complete_collective(last)) run_released(order);
+    if (!s.failure.empty()) return;
+  }
   for (;;) {
     bool all_exited = true;
     for (const Thread& t : s.threads) all_exited = all_exited && t.wait == Wait::exited;
@@ -578,8 +631,8 @@ inline void run_block() {
     if (!complete_collectives()) {
       if (!s.failure.empty() || !release_barrier()) return;
     }
-    for (unsigned i : visiting_order(order, n))
-      if (s.threads[i].wait == Wait::running) s.current = &s.threads[i], switch_to_fiber(s.threads[i].fiber);
+    run_released(order);
+    if (!s.failure.empty()) return;
   }
 }
 

@@ -4,7 +4,8 @@
 //   - the warp collectives: a two-stage block reduction by __shfl_xor_sync, __shfl_down_sync, __shfl_sync
 //     with a width, __ballot_sync, __syncwarp, each against its definition;
 //   - thread orders: inorder, reverse and shuffle start a block's threads in those orders, and a race on
-//     shared memory (a missing __syncthreads) gives different results under two of them;
+//     shared memory (a missing __syncthreads) gives different results under two of them; a warp whose
+//     __syncwarp completes runs ahead of the other warps, so a race between warps shows under each order;
 //   - findings: a __syncthreads only some threads reach, barriers at different lines, a collective whose
 //     mask names a returned lane or leaves the caller out, a read from a lane outside the mask, a deadlock,
 //     a kernel that never ends (in a child process, CUDA_EMULATOR_TIMEOUT), a write past a device
@@ -90,6 +91,17 @@ __global__ void race_kernel(float* out) {
   __shared__ float slot[64];
   slot[threadIdx.x] = (float)threadIdx.x;
   out[threadIdx.x] = slot[(threadIdx.x + 1) % 64];  // missing __syncthreads() before this read
+}
+
+// Each thread reads the other warp's slot after a __syncwarp, which orders only its own warp's lanes: a race
+// between the warps (a __syncthreads is missing), which shows only if a warp may run ahead of the other.
+__global__ void warp_race_kernel(float* out) {
+  __shared__ float slot[64];
+  slot[threadIdx.x] = -1;  // what a slot holds before the race's write
+  __syncthreads();
+  slot[threadIdx.x] = (float)threadIdx.x;
+  __syncwarp();
+  out[threadIdx.x] = slot[(threadIdx.x + 32) % 64];
 }
 
 // ---- kernels the emulator must reject --------------------------------------------------------------------
@@ -318,6 +330,16 @@ int main() {
       cudaFree(out);
     }
     ck.expect(results[0] != results[1], "race_kernel: a missing __syncthreads gives the same result under inorder and reverse");
+    // a race between warps that a __syncwarp does not order: a warp runs ahead and reads a slot before its write
+    for (emu::Order o : {emu::Order::inorder, emu::Order::reverse}) {
+      emu::state().order = o;
+      float* out = device<float>(64);
+      RUN(warp_race_kernel, 1, 64, 0, out);
+      const std::vector<float> h = download(out, 64);
+      cudaFree(out);
+      ck.expect(std::count(h.begin(), h.end(), -1.f) == 32, "warp_race_kernel (%s): %d of 64 threads read the other warp's slot before its write (want 32: one warp runs ahead)",
+                emu::order_name(), (int)std::count(h.begin(), h.end(), -1.f));
+    }
     emu::state().order = saved;
   }
 
