@@ -2574,7 +2574,8 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)  // 4 blocks an SM: at m
 // Backward: grid (B H, query tiles + key tiles), one launch. A query tile's block writes dq, a key tile's
 // dk and dv, so nothing is added atomically, and a scratch that holds nothing yet is written, not zeroed
 // first and added to (add: false). Both form dp_ij, the row sums sum_l p_il dp_il and ds_ij themselves,
-// the row sums with the same arithmetic (row_sums), so neither waits for the other. (Not as dctx_i . ctx_i,
+// the row sums by row_sums (where the keys fit one tile, a key tile's block from its own dot products, in
+// another order), so neither waits for the other. (Not as dctx_i . ctx_i,
 // equal in exact arithmetic, as FlashAttention takes it: that left ds of a row with one visible key at a
 // rounding error instead of 0, which Adam turned into steps of the learning rate's size on parameters
 // whose gradient is otherwise 0: 2 ranks against --accumulate 2 on the emulated GPU moved apart 100 times
@@ -2665,17 +2666,39 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
     float ds[kRowsPerWarp], pk[kRowsPerWarp];
     for (int i0 = 0; i0 < Lq; i0 += kAttentionTile) {
       load_head_tile(dcs, dctx, b, h, Lq, i0, D, Dk);
-      float rd[kRowsPerWarp], dot[kRowsPerWarp];  // dot: then dctx_i . v_j for the lane's query i and the warp's keys j
-      row_sums(rd, dot, dcs, qs, i0);  // the query tile's space streams the values first
-      for (int r = 0; r < kRowsPerWarp; ++r)
-        if (lane == 0) rowdot[row_of(r)] = rd[r];
+      float dot[kRowsPerWarp];  // dctx_i . v_j for the lane's query i and the warp's keys j
+      if (Lk > kAttentionTile) {
+        float rd[kRowsPerWarp];
+        row_sums(rd, dot, dcs, qs, i0);  // the query tile's space streams the values first
+        for (int r = 0; r < kRowsPerWarp; ++r)
+          if (lane == 0) rowdot[row_of(r)] = rd[r];
+      }
       load_head_tile(qs, q, b, h, Lq, i0, D, Dk);
       __syncthreads();
       rows_dot_lanes(dot, vks, dcs, Dk);
+      // sum_l p_il dp_il for the lane's query i: row_sums', or where the keys fit this one tile, from these
+      // dot products: each warp sums its keys' terms, then each lane the warps' sums, in warp order
+      float rd_lane;
+      if (Lk > kAttentionTile) {
+        rd_lane = rowdot[lane];
+      } else {
+        float part = 0;
+        for (int r = 0; r < kRowsPerWarp; ++r) {
+          const int j = j0 + row_of(r), i = i0 + lane;
+          const float pij = i < Lq && j < Lk ? p[at(i, j)] : 0.f;
+          part += pij == 0 ? 0.f : pij * (dot[r] * keep(at(i, j)));
+        }
+        st[lane] = part;
+        __syncthreads();  // every warp's sums written
+        const float* stages = st - warp * kStageFloats;  // warp 0's staging area, then the others'
+        rd_lane = 0;
+        for (int w = 0; w < kAttentionWarps; ++w) rd_lane += stages[w * kStageFloats + lane];
+        __syncthreads();  // and read, before the warps stage over them
+      }
       for (int r = 0; r < kRowsPerWarp; ++r) {
         const int j = j0 + row_of(r), i = i0 + lane;
         const float pij = i < Lq && j < Lk ? p[at(i, j)] : 0.f, kij = pij == 0 ? 0.f : keep(at(i, j));
-        ds[r] = pij == 0 ? 0.f : pij * (dot[r] * kij - rowdot[lane]);
+        ds[r] = pij == 0 ? 0.f : pij * (dot[r] * kij - rd_lane);
         pk[r] = pij * kij;
       }
       write_rows(st, ds);
