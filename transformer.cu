@@ -1996,9 +1996,11 @@ template <typename T> __device__ T* dynamic_shared() {
   return (T*)dynamic_shared_bytes;
 }
 #endif
-// Every kernel is launched through LAUNCH, which checks the launch; on the one stream of the GPU path
-// (gpu::stream), so that a training step can be captured as a CUDA graph.
-#define LAUNCH(kernel, grid, block, shared, ...) (KERNEL_LAUNCH(kernel, grid, block, shared, __VA_ARGS__), check_launch())
+// Every kernel is launched through LAUNCH, which first launches the zero fills still deferred
+// (gpu::launch_deferred_fills) and checks the launch; on the one stream of the GPU path (gpu::stream), so
+// that a training step can be captured as a CUDA graph.
+#define LAUNCH(kernel, grid, block, shared, ...) \
+  (launch_deferred_fills(), KERNEL_LAUNCH(kernel, grid, block, shared, __VA_ARGS__), check_launch())
 
 #define CUDA_CHECK(call) cuda_check((call), #call, __FILE__, __LINE__)
 #define CUBLAS_CHECK(call) cublas_check((call), #call, __FILE__, __LINE__)
@@ -2108,10 +2110,15 @@ static double* scalar(Scalar which) {
 int* alloc_ints(size_t n) { return alloc_of<int>(n); }
 uint8_t* alloc_bytes(size_t n) { return alloc_of<uint8_t>(n); }
 void release(void* p) { CUDA_CHECK(cudaFree(p)); }
-void upload(float* dst, const float* src, size_t n) { CUDA_CHECK(cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyHostToDevice)); }
-void upload(int* dst, const int* src, size_t n) { CUDA_CHECK(cudaMemcpy(dst, src, n * sizeof(int), cudaMemcpyHostToDevice)); }
-void upload(uint8_t* dst, const uint8_t* src, size_t n) { CUDA_CHECK(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice)); }
-void download(float* dst, const float* src, size_t n) { CUDA_CHECK(cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyDeviceToHost)); }
+// copies between host and device: after the zero fills still deferred (launch_deferred_fills)
+static void copy_bytes(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  launch_deferred_fills();
+  CUDA_CHECK(cudaMemcpy(dst, src, bytes, kind));
+}
+void upload(float* dst, const float* src, size_t n) { copy_bytes(dst, src, n * sizeof(float), cudaMemcpyHostToDevice); }
+void upload(int* dst, const int* src, size_t n) { copy_bytes(dst, src, n * sizeof(int), cudaMemcpyHostToDevice); }
+void upload(uint8_t* dst, const uint8_t* src, size_t n) { copy_bytes(dst, src, n, cudaMemcpyHostToDevice); }
+void download(float* dst, const float* src, size_t n) { copy_bytes(dst, src, n * sizeof(float), cudaMemcpyDeviceToHost); }
 void synchronize() { CUDA_CHECK(cudaDeviceSynchronize()); }
 
 // Blocks for a grid-stride loop over n elements: at least one (a grid of zero blocks fails to launch).
@@ -2125,6 +2132,36 @@ __global__ void fill_kernel(float* p, float value, size_t n) { GRID_STRIDE(i, n)
 void fill(float* p, float value, size_t n) {
   if (n == 0) return;
   LAUNCH(fill_kernel, blocks_for(n), 256, 0, p, value, n);
+}
+
+// ---- zero fills that the next op makes unnecessary -----------------------------------------------------
+// The backward zeroes a gradient, then an op adds into it (GpuOps::zero, then e.g. the residual's
+// backward). On the GPU that fill waits (defer_zero_fill): an op whose first act is to add into exactly
+// those floats takes them (took_zero_fill) and writes 0 + x where it would add x, the same bits, with no
+// pass of the fill and no read of its zeros. Any other GPU work first launches the fills still waiting
+// (launch_deferred_fills: from LAUNCH, before a product, a copy), so it reads what it would have read.
+struct ZeroFill {
+  float* p;
+  size_t n;
+};
+static std::vector<ZeroFill>& deferred_fills() {
+  static std::vector<ZeroFill> v;
+  return v;
+}
+void defer_zero_fill(float* p, size_t n) {
+  if (n) deferred_fills().push_back({p, n});
+}
+static bool took_zero_fill(const float* p, size_t n) {
+  std::vector<ZeroFill>& v = deferred_fills();
+  const auto it = std::find_if(v.begin(), v.end(), [&](const ZeroFill& f) { return f.p == p && f.n == n; });
+  if (it == v.end()) return false;
+  v.erase(it);
+  return true;
+}
+void launch_deferred_fills() {
+  std::vector<ZeroFill> v;
+  v.swap(deferred_fills());  // emptied first: the fills' own launches find none waiting
+  for (const ZeroFill& f : v) fill(f.p, 0, f.n);
 }
 
 // Reductions by op (Sum, Max): over the 32 lanes of a warp, every lane getting the result, with no barrier;
@@ -2285,6 +2322,7 @@ static size_t extent(int rows, int cols, int ld) { return rows == 0 || cols == 0
 static void gemm_operands(bool ta, bool tb, int M, int N, int K, Operand A, int lda, Operand B, int ldb, float* C, int ldc,
                           bool accumulate) {
   if (M == 0 || N == 0) return;
+  launch_deferred_fills();  // cuBLAS's kernels are not LAUNCH's
   const float one = 1, beta = accumulate ? 1.f : 0.f;
   const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   if (A.h && B.h)
@@ -2361,10 +2399,13 @@ __global__ void dropout_forward_kernel(float* out, bf16* out16, const float* in,
   }
 }
 // din16: din's bf16 twin, or null
-__global__ void dropout_backward_kernel(float* din, bf16* din16, const float* dout, DropoutKey key, size_t n, float scale) {
+// add: din holds values to add to; else it is taken zeroed (took_zero_fill) and written, 0 + its gradient.
+__global__ void dropout_backward_kernel(float* din, bf16* din16, const float* dout, DropoutKey key, size_t n, float scale, bool add) {
   key = at_step(key);
   GRID_STRIDE(i, n) {
-    if (key.p == 0 || dropout_keeps(key, i)) din[i] += dout[i] * scale;
+    const bool kept = key.p == 0 || dropout_keeps(key, i);
+    if (!add) din[i] = kept ? 0.f + dout[i] * scale : 0.f;
+    else if (kept) din[i] += dout[i] * scale;
     if (din16) din16[i] = __float2bfloat16(din[i]);
   }
 }
@@ -2374,7 +2415,8 @@ void dropout_forward(float* out, const float* in, DropoutKey key, size_t n) {
 }
 void dropout_backward(float* din, const float* dout, DropoutKey key, size_t n) {
   if (n == 0) return;
-  LAUNCH(dropout_backward_kernel, blocks_for(n), 256, 0, din, bf16_twin_of(din, n), dout, key, n, (float)dropout_scale(key));
+  const bool add = !took_zero_fill(din, n);
+  LAUNCH(dropout_backward_kernel, blocks_for(n), 256, 0, din, bf16_twin_of(din, n), dout, key, n, (float)dropout_scale(key), add);
 }
 
 // ---- §3.4, §3.5 embeddings -------------------------------------------------------------------------
@@ -2783,16 +2825,18 @@ void multihead_attention_backward(float* dxq, float* dxkv, const AttentionWeight
                                   const float* xkv, const AttentionWeights<float>& w, DropoutKey drop, int B, int Lq, int Lk,
                                   int D, int H) {
   // the forward call list, in reverse; s holds scratch for dq, dk, dv, dctx, each written (not added); in
-  // bf16 the attention's kernel rounds dq, dk and dv as it writes them
+  // bf16 the attention's kernel rounds dq, dk and dv as it writes them. dxkv (and dxq, if another buffer)
+  // taken zeroed is written by its first product.
   const size_t nq = (size_t)B * Lq * D, nk = (size_t)B * Lk * D;
+  const bool add_kv = !took_zero_fill(dxkv, nk), add_q = dxq == dxkv || !took_zero_fill(dxq, nq);
   linear_backward(s.ctx, false, dw.wo, nullptr, operand(dout, nq, kLeft), a.ctx, w.wo, B * Lq, D, D);
   bf16 *dq16 = rounded_in_pass(nq, kDq), *dk16 = rounded_in_pass(nk, kDk), *dv16 = rounded_in_pass(nk, kDv);
   attention_backward(s.q, s.k, s.v, dq16, dk16, dv16, false, s.ctx, a.p, a.q, a.k, a.v, drop, B, Lq, Lk, D, H);
   const Operand kv_in = operand(xkv, nk, kShared);  // in bf16 rounded once for dWv and dWk
-  project_backward(dxkv, true, dw.wv, {s.v, dv16}, kv_in, w.wv, B * Lk, D, D);
+  project_backward(dxkv, add_kv, dw.wv, {s.v, dv16}, kv_in, w.wv, B * Lk, D, D);
   project_backward(dxkv, true, dw.wk, {s.k, dk16}, kv_in, w.wk, B * Lk, D, D);
   const Operand q_in = xq == xkv ? kv_in : operand(xq, nq, kShared);
-  project_backward(dxq, true, dw.wq, {s.q, dq16}, q_in, w.wq, B * Lq, D, D);
+  project_backward(dxq, add_q, dw.wq, {s.q, dq16}, q_in, w.wq, B * Lq, D, D);
 }
 
 // ---- [Eq. 2, §3.3] the feed-forward network ----------------------------------------------------------
@@ -2836,10 +2880,11 @@ void ffn_forward(float* out, const FfnActs<float>& a, const float* in, const Ffn
 void ffn_backward(float* din, const FfnWeights<float>& dw, float* dh, const float* dout, const FfnActs<float>& a,
                   const float* in, const FfnWeights<float>& w, DropoutKey relu_drop, int M, int D, int F) {
   const size_t n = (size_t)M * F;
+  const bool add_din = !took_zero_fill(din, (size_t)M * D);  // else written
   linear_backward(dh, false, dw.w2, dw.b2, operand(dout, (size_t)M * D, kLeft), a.h, w.w2, M, F, D);  // dh written, not added
   bf16* dh16 = rounded_in_pass(n);
   LAUNCH(relu_backward_kernel, blocks_for(n), 256, 0, dh, dh16, a.h, bf16_twin_of(a.h, n), n, (float)dropout_scale(relu_drop));
-  linear_backward(din, true, dw.w1, dw.b1, Operand{dh, dh16}, in, w.w1, M, D, F);
+  linear_backward(din, add_din, dw.w1, dw.b1, Operand{dh, dh16}, in, w.w1, M, D, F);
 }
 
 // ---- §3.1 LayerNorm and the residual connection: one warp per row ----------------------------------
@@ -2882,11 +2927,12 @@ __device__ void layernorm_row_backward(size_t r, const float* dout, const float*
   }
 }
 
-// din of one row (one warp per row); the parameters' gradients are layernorm_param_grads_kernel's.
+// din of one row (one warp per row), added (add), or written where din was taken zeroed (took_zero_fill);
+// the parameters' gradients are layernorm_param_grads_kernel's.
 __global__ void layernorm_backward_kernel(float* din, const float* dout, const float* in, const float* g, const float* mean,
-                                          const float* rstd, int M, int D) {
+                                          const float* rstd, int M, int D, bool add) {
   const int r = warp_row();
-  if (r < M) layernorm_row_backward(r, dout, in, g, mean, rstd, D, [=](size_t i, float dx) { din[i] += dx; });
+  if (r < M) layernorm_row_backward(r, dout, in, g, mean, rstd, D, [=](size_t i, float dx) { din[i] = (add ? din[i] : 0.f) + dx; });
 }
 
 // dg += sum_rows dy xhat, db += sum_rows dy: a block sums kParamGradRows rows per column, then adds once.
@@ -2918,7 +2964,8 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* in, co
 void layernorm_backward(float* din, float* dg, float* db, const float* dout, const float* in, const float* g,
                         const float* mean, const float* rstd, int M, int D) {
   if (M == 0) return;
-  LAUNCH(layernorm_backward_kernel, warp_row_blocks(M), kWarpRowThreads, 0, din, dout, in, g, mean, rstd, M, D);
+  const bool add = !took_zero_fill(din, (size_t)M * D);
+  LAUNCH(layernorm_backward_kernel, warp_row_blocks(M), kWarpRowThreads, 0, din, dout, in, g, mean, rstd, M, D, add);
   layernorm_param_grads(dg, db, dout, in, mean, rstd, M, D);
 }
 
@@ -2954,26 +3001,29 @@ __global__ void residual_dropout_layernorm_kernel(float* out, bf16* out16, float
   if (lane == 0) mean[r] = mu, rstd[r] = rs;
 }
 // The residual's gradient g_i of the sum, added to x's and, through the dropout mask, to y's.
-// dy16: dy's bf16 twin, or null.
-__device__ void residual_dropout_add(float* dx, float* dy, bf16* dy16, float g, DropoutKey drop, float scale, size_t i) {
-  dx[i] += g;
-  dy[i] += drop.p == 0 || dropout_keeps(drop, i) ? g * scale : 0.f;
+// dy16: dy's bf16 twin, or null. Where add_dx (add_dy) is false, dx (dy) was taken zeroed
+// (took_zero_fill): it is written, 0 + its gradient, and not read.
+__device__ void residual_dropout_add(float* dx, float* dy, bf16* dy16, float g, DropoutKey drop, float scale, size_t i,
+                                     bool add_dx, bool add_dy) {
+  dx[i] = (add_dx ? dx[i] : 0.f) + g;
+  dy[i] = (add_dy ? dy[i] : 0.f) + (drop.p == 0 || dropout_keeps(drop, i) ? g * scale : 0.f);
   if (dy16) dy16[i] = __float2bfloat16(dy[i]);
 }
 __global__ void residual_dropout_backward_kernel(float* dx, float* dy, bf16* dy16, const float* dout, DropoutKey drop, float scale,
-                                                 size_t n) {
+                                                 size_t n, bool add_dx, bool add_dy) {
   drop = at_step(drop);
-  GRID_STRIDE(i, n) residual_dropout_add(dx, dy, dy16, dout[i], drop, scale, i);
+  GRID_STRIDE(i, n) residual_dropout_add(dx, dy, dy16, dout[i], drop, scale, i, add_dx, add_dy);
 }
 // One warp per row: LayerNorm's input gradient of the row, straight into the residual's two paths.
 __global__ void residual_dropout_layernorm_backward_kernel(float* dx, float* dy, bf16* dy16, const float* dout, const float* sum,
                                                            const float* g, const float* mean, const float* rstd, DropoutKey drop,
-                                                           float scale, int M, int D) {
+                                                           float scale, int M, int D, bool add_dx, bool add_dy) {
   drop = at_step(drop);
   const int r = warp_row();
   if (r < M)
-    layernorm_row_backward(r, dout, sum, g, mean, rstd, D,
-                           [=](size_t i, float dsum) { residual_dropout_add(dx, dy, dy16, dsum, drop, scale, i); });
+    layernorm_row_backward(r, dout, sum, g, mean, rstd, D, [=](size_t i, float dsum) {
+      residual_dropout_add(dx, dy, dy16, dsum, drop, scale, i, add_dx, add_dy);
+    });
 }
 void residual_dropout_forward(float* out, const float* x, const float* y, DropoutKey drop, size_t n) {
   if (n) LAUNCH(residual_dropout_kernel, blocks_for(n), 256, 0, out, x, y, drop, (float)dropout_scale(drop), n);
@@ -2985,13 +3035,17 @@ void residual_dropout_layernorm_forward(float* out, float* sum, float* mean, flo
          rstd, x, y, drop, (float)dropout_scale(drop), g, b, M, D, (float)eps);
 }
 void residual_dropout_backward(float* dx, float* dy, const float* dout, DropoutKey drop, size_t n) {
-  if (n) LAUNCH(residual_dropout_backward_kernel, blocks_for(n), 256, 0, dx, dy, bf16_twin_of(dy, n), dout, drop, (float)dropout_scale(drop), n);
+  if (n == 0) return;
+  const bool add_dx = !took_zero_fill(dx, n), add_dy = !took_zero_fill(dy, n);
+  LAUNCH(residual_dropout_backward_kernel, blocks_for(n), 256, 0, dx, dy, bf16_twin_of(dy, n), dout, drop, (float)dropout_scale(drop), n,
+         add_dx, add_dy);
 }
 void residual_dropout_layernorm_backward(float* dx, float* dy, float* dg, float* db, float*, const float* dout, const float* sum,
                                          const float* g, const float* mean, const float* rstd, DropoutKey drop, int M, int D) {
   if (M == 0) return;
+  const bool add_dx = !took_zero_fill(dx, (size_t)M * D), add_dy = !took_zero_fill(dy, (size_t)M * D);
   LAUNCH(residual_dropout_layernorm_backward_kernel, warp_row_blocks(M), kWarpRowThreads, 0, dx, dy, bf16_twin_of(dy, (size_t)M * D),
-         dout, sum, g, mean, rstd, drop, (float)dropout_scale(drop), M, D);
+         dout, sum, g, mean, rstd, drop, (float)dropout_scale(drop), M, D, add_dx, add_dy);
   layernorm_param_grads(dg, db, dout, sum, mean, rstd, M, D);
 }
 
@@ -3002,8 +3056,9 @@ void output_projection_forward(float* logits, const float* y, const float* emb, 
 void output_projection_backward(float* dy, float* demb, const float* dlogits, const float* y, const float* emb, int M, int D,
                                 int V) {
   // forward was: logits = y @ emb^T; so now: dy += dlogits @ emb, demb += dlogits^T @ y
+  const bool add_dy = !took_zero_fill(dy, (size_t)M * D);  // else written
   const Operand d = operand(dlogits, (size_t)M * V, kLeft);  // rounded once (bf16) for both products
-  gemm_operands(false, false, M, D, V, d, V, operand(emb, (size_t)V * D, kRight), D, dy, D, true);
+  gemm_operands(false, false, M, D, V, d, V, operand(emb, (size_t)V * D, kRight), D, dy, D, add_dy);
   gemm_operands(true, false, V, D, M, d, V, operand(y, (size_t)M * D, kRight), D, demb, D, true);
 }
 
@@ -3038,9 +3093,10 @@ __global__ void count_targets_kernel(double* tokens, const int* targets, size_t 
   if (threadIdx.x == 0) atomicAdd(tokens, c);
 }
 
-// dlogits16: dlogits' bf16 twin, or null (written for padding's rows too, which get no gradient).
+// dlogits16: dlogits' bf16 twin, or null (written for padding's rows too, which get no gradient). add:
+// dlogits holds values to add to; else it was taken zeroed (took_zero_fill) and is written, padding's rows 0.
 __global__ void xent_backward_kernel(float* dlogits, bf16* dlogits16, const float* logits, const float* lse, const int* targets, int V,
-                                     float qt, float qo, const double* tokens, int pad) {
+                                     float qt, float qo, const double* tokens, int pad, bool add) {
   const int t = targets[blockIdx.x];
   const bool none = t == pad || *tokens == 0;
   const float inv_n = none ? 0.f : (float)(1.0 / *tokens);
@@ -3048,7 +3104,8 @@ __global__ void xent_backward_kernel(float* dlogits, bf16* dlogits16, const floa
   float* dz = dlogits + (size_t)blockIdx.x * V;
   const float l = lse[blockIdx.x];
   for (int v = threadIdx.x; v < V; v += blockDim.x) {
-    if (!none) dz[v] += (expf(z[v] - l) - (v == t ? qt : qo)) * inv_n;
+    if (!none) dz[v] = (add ? dz[v] : 0.f) + (expf(z[v] - l) - (v == t ? qt : qo)) * inv_n;
+    else if (!add) dz[v] = 0.f;
     if (dlogits16) dlogits16[(size_t)blockIdx.x * V + v] = __float2bfloat16(dz[v]);
   }
 }
@@ -3084,11 +3141,12 @@ void label_smoothed_xent_backward(float* dlogits, const float* logits, const flo
   double qt, qo;
   cpu::smoothing_weights(eps, form, V, &qt, &qo);
   if (M == 0) return;
+  const bool add = !took_zero_fill(dlogits, (size_t)M * V);
   // the number of real tokens is counted on the device: nothing comes back to the host
   CUDA_CHECK(cudaMemsetAsync(scalar(kTokenCount), 0, sizeof(double), stream()));
   LAUNCH(count_targets_kernel, std::min(blocks_for(M), 64u), kRowThreads, 0, scalar(kTokenCount), targets, M, pad);
   LAUNCH(xent_backward_kernel, M, row_threads(V), 0, dlogits, bf16_twin_of(dlogits, (size_t)M * V), logits, lse, targets, V, (float)qt, (float)qo,
-         scalar(kTokenCount), pad);
+         scalar(kTokenCount), pad, add);
 }
 
 // ---- §5.3 Adam over the whole buffer, gradient-norm clipping -------------------------------------------
@@ -3206,8 +3264,9 @@ template <typename T> class DeviceBuffer {
 struct GpuOps {
   TRANSFORMER_OPS(GPU_OP)
   template <typename T> using Buffer = gpu::DeviceBuffer<T>;
-  static void zero(float* p, size_t n) { gpu::fill(p, 0, n); }
+  static void zero(float* p, size_t n) { gpu::defer_zero_fill(p, n); }  // the op after it may write instead
   static void copy(float* dst, const float* src, size_t n) {
+    gpu::launch_deferred_fills();
     CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, gpu::stream()));
   }
   template <typename T> static void upload(T* dst, const T* src, size_t n) { gpu::upload(dst, src, n); }
@@ -3286,9 +3345,13 @@ class GpuModel : public DeviceModel {
     const bool graphed = train && cuda_graphs;
     if (b.B != B || (graphed ? rounded_length(b.S, m.cfg.max_len) : b.S) != S || (graphed ? rounded_length(b.T, m.cfg.max_len) : b.T) != Tl)
       throw std::logic_error("backward of another batch than the last forward");
-    if (!graphed) return backward_pass<GpuOps>(pass(train, false));
+    const auto run = [&](bool graph) {
+      backward_pass<GpuOps>(pass(train, graph));
+      gpu::launch_deferred_fills();  // a fill that no op took is launched within the backward (and its graph)
+    };
+    if (!graphed) return run(false);
     Graphs& g = graphs_of_shape();
-    replay(&g.backward, g.forwards > 1, [&] { backward_pass<GpuOps>(pass(true, true)); });
+    replay(&g.backward, g.forwards > 1, [&] { run(true); });
   }
   void zero_grad() override {  // a step begins: its gradients and its summed loss are zeroed
     gpu::fill(grads, 0, n);

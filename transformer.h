@@ -561,6 +561,11 @@ void upload(int* dst, const int* src, size_t n);
 void upload(uint8_t* dst, const uint8_t* src, size_t n);
 void download(float* dst, const float* src, size_t n);
 void fill(float* p, float value, size_t n);
+// A fill with zeros that waits for the next op (a model's backward: zero a gradient, then add into it): an
+// op that adds into exactly these n floats writes 0 + x there instead, and no fill is launched; before any
+// other GPU work (a launch, a product, a copy) the fills still waiting are launched.
+void defer_zero_fill(float* p, size_t n);
+void launch_deferred_fills();
 void synchronize();
 
 // A bf16 copy of the n floats at p (the parameters), which adam_update keeps current and the products read

@@ -489,6 +489,111 @@ int main() {
     rep.same(g, "scale_grads");
   }
 
+  // Zero fills deferred (gpu::defer_zero_fill), as a model's backward zeroes a gradient and adds into it:
+  // each op that adds into exactly a deferred range writes 0 + x there, the same bits as after the fill
+  // launched at once, and (emulated GPU) no fill is launched. A range an op only reads, or that is not
+  // exactly its output, is filled before the op runs: the same bits, one fill launched.
+  {
+    Rand rz{11};  // its own numbers: the cases after it get the inputs they had before it came
+    const size_t n = (size_t)M * D, nk = (size_t)B * Lk * D;
+    // each run starts every output from its host values, then fills `zeroed` (buffer, floats) at once or
+    // deferred, then runs the op; the two runs' outputs must have the same bits
+    const auto deferral = [&](const std::string& what, std::vector<std::pair<Buf*, size_t>> zeroed, std::vector<Buf*> outputs,
+                              size_t fills_want, auto op) {
+      std::vector<float> runs[2];
+      size_t fills = 0;
+      for (int deferred = 0; deferred < 2; ++deferred) {
+        for (Buf* b : outputs) gpu::upload(b->d, b->h.data(), b->h.size());
+#ifdef TRANSFORMER_EMULATED_GPU
+        emu::reset_counts();
+#endif
+        for (auto [b, count] : zeroed) deferred ? gpu::defer_zero_fill(b->d, count) : gpu::fill(b->d, 0, count);
+        op();
+        for (const Buf* b : outputs) {  // (a download launches the fills still waiting)
+          const std::vector<float> v = b->get();
+          runs[deferred].insert(runs[deferred].end(), v.begin(), v.end());
+        }
+#ifdef TRANSFORMER_EMULATED_GPU
+        const auto& launches = emu::counts().launches;
+        fills = launches.count("fill_kernel") ? launches.at("fill_kernel") : 0;
+#endif
+      }
+      size_t differ = 0;
+      for (size_t i = 0; i < runs[0].size(); ++i) differ += std::memcmp(&runs[0][i], &runs[1][i], sizeof(float)) != 0;
+#ifdef TRANSFORMER_EMULATED_GPU
+      std::printf("  %-44s %zu of %zu outputs differ in their bits; %zu fills launched (want %zu)\n", ("deferred fills: " + what).c_str(),
+                  differ, runs[0].size(), fills, fills_want);
+      ck.expect(fills == fills_want, "deferred fills: %s launched %zu fills (want %zu)", what.c_str(), fills, fills_want);
+#else
+      std::printf("  %-44s %zu of %zu outputs differ in their bits\n", ("deferred fills: " + what).c_str(), differ, runs[0].size());
+#endif
+      ck.expect(differ == 0, "deferred fills: %s: %zu of %zu outputs differ from the fill launched at once", what.c_str(), differ,
+                runs[0].size());
+    };
+    Buf dout(rz.vec(n)), in(rz.vec(n, -3, 5)), g(rz.vec(D, 0.5, 1.5)), mean(rz.vec(M)), rstd(rz.vec(M, 0.5, 2));
+    Buf dx(rz.vec(n)), dy(rz.vec(n)), dg(rz.vec(D)), db(rz.vec(D)), dsum(zeros(n));
+    deferral("dropout_backward", {{&dx, n}}, {&dx}, 0, [&] { gpu::dropout_backward(dx.d, dout.d, drop, n); });
+    deferral("residual_dropout_backward", {{&dx, n}, {&dy, n}}, {&dx, &dy}, 0,
+             [&] { gpu::residual_dropout_backward(dx.d, dy.d, dout.d, drop, n); });
+    deferral("residual_dropout_layernorm_backward", {{&dx, n}, {&dy, n}}, {&dx, &dy, &dg, &db}, 0, [&] {
+      gpu::residual_dropout_layernorm_backward(dx.d, dy.d, dg.d, db.d, dsum.d, dout.d, in.d, g.d, mean.d, rstd.d, drop, M, D);
+    });
+    deferral("layernorm_backward", {{&dx, n}}, {&dx, &dg, &db}, 0,
+             [&] { gpu::layernorm_backward(dx.d, dg.d, db.d, dout.d, in.d, g.d, mean.d, rstd.d, M, D); });
+    // not taken: a range the op reads (dout), one that is not all of the op's output (dx less a float)
+    deferral("an input of dropout_backward", {{&dout, n}}, {&dx, &dout}, 1, [&] { gpu::dropout_backward(dx.d, dout.d, drop, n); });
+    deferral("residual_dropout_backward, dx less a float", {{&dx, n - 1}, {&dy, n}}, {&dx, &dy}, 1,
+             [&] { gpu::residual_dropout_backward(dx.d, dy.d, dout.d, drop, n); });
+    {  // the loss (padding's rows written 0), the output projection
+      std::vector<int> targets(M);
+      for (int i = 0; i < M; ++i) targets[i] = i % 5 == 4 ? kPadId : 1 + (int)(rz.uniform(0, 1) * (V - 1)) % (V - 1);
+      int* dt = gpu::alloc_ints(M);
+      gpu::upload(dt, targets.data(), M);
+      Buf logits(rz.vec((size_t)M * V, -4, 4)), lse(zeros(M)), dlogits(rz.vec((size_t)M * V)), y(rz.vec(n)), emb(rz.vec((size_t)V * D)),
+          demb(rz.vec((size_t)V * D));
+      gpu::label_smoothed_xent_forward(lse.d, logits.d, dt, M, V, 0.1, LabelSmoothing::others_only, kPadId);
+      deferral("label_smoothed_xent_backward", {{&dlogits, (size_t)M * V}}, {&dlogits}, 0, [&] {
+        gpu::label_smoothed_xent_backward(dlogits.d, logits.d, lse.d, dt, M, V, 0.1, LabelSmoothing::others_only, kPadId);
+      });
+      deferral("output_projection_backward", {{&dy, n}}, {&dy, &demb}, 0,
+               [&] { gpu::output_projection_backward(dy.d, demb.d, dlogits.d, y.d, emb.d, M, D, V); });
+      gpu::release(dt);
+    }
+    {  // the sub-layers (pre-LN: their input's gradient is zeroed, then theirs added)
+      Buf w1(rz.vec((size_t)D * F)), b1(rz.vec(F)), w2(rz.vec((size_t)F * D)), b2(rz.vec(D)), hpre(zeros((size_t)M * F)),
+          h(zeros((size_t)M * F)), out(zeros(n)), dh(zeros((size_t)M * F));
+      Buf dw1(rz.vec((size_t)D * F)), db1(rz.vec(F)), dw2(rz.vec((size_t)F * D)), db2(rz.vec(D));
+      const FfnWeights<float> w{w1.d, b1.d, w2.d, b2.d}, dw{dw1.d, db1.d, dw2.d, db2.d};
+      gpu::ffn_forward(out.d, FfnActs<float>{hpre.d, h.d}, in.d, w, drop, M, D, F);
+      deferral("ffn_backward", {{&dx, n}}, {&dx, &dw1, &db1, &dw2, &db2}, 0,
+               [&] { gpu::ffn_backward(dx.d, dw, dh.d, dout.d, FfnActs<float>{hpre.d, h.d}, in.d, w, drop, M, D, F); });
+      std::vector<uint8_t> valid((size_t)B * std::max(Lq, Lk), 1);
+      valid[Lk - 1] = 0;
+      uint8_t* dvalid = gpu::alloc_bytes(valid.size());
+      gpu::upload(dvalid, valid.data(), valid.size());
+      Buf xkv(rz.vec(nk)), wq(rz.vec(D * D)), wk(rz.vec(D * D)), wv(rz.vec(D * D)), wo(rz.vec(D * D));
+      Buf dwq(rz.vec(D * D)), dwk(rz.vec(D * D)), dwv(rz.vec(D * D)), dwo(rz.vec(D * D)), dxkv(rz.vec(nk));
+      const AttentionWeights<float> aw{wq.d, wk.d, wv.d, wo.d}, daw{dwq.d, dwk.d, dwv.d, dwo.d};
+      for (int cross = 0; cross < 2; ++cross) {
+        const int Lkv = cross ? Lk : Lq;
+        const size_t nkv = (size_t)B * Lkv * D;
+        Buf aq(zeros(n)), ak(zeros(nkv)), av(zeros(nkv)), ap(zeros((size_t)B * H * Lq * Lkv)), actx(zeros(n));
+        Buf sq(zeros(n)), sk(zeros(nkv)), sv(zeros(nkv)), sctx(zeros(n));
+        const AttentionActs<float> a{aq.d, ak.d, av.d, ap.d, actx.d}, sa{sq.d, sk.d, sv.d, nullptr, sctx.d};
+        const float* kv = cross ? xkv.d : in.d;
+        gpu::multihead_attention_forward(out.d, a, in.d, kv, aw, dvalid, !cross, drop, B, Lq, Lkv, D, H);
+        const auto backward = [&] {
+          gpu::multihead_attention_backward(dx.d, cross ? dxkv.d : dx.d, daw, dout.d, a, sa, in.d, kv, aw, drop, B, Lq, Lkv, D, H);
+        };
+        if (cross)
+          deferral("multihead_attention_backward (cross)", {{&dx, n}, {&dxkv, nk}}, {&dx, &dxkv, &dwq, &dwk, &dwv, &dwo}, 0, backward);
+        else
+          deferral("multihead_attention_backward (self)", {{&dx, n}}, {&dx, &dwq, &dwk, &dwv, &dwo}, 0, backward);
+      }
+      gpu::release(dvalid);
+    }
+  }
+
   // decoding's own operations: log-softmax; rows appended to and gathered from a cache
   {
     Buf logits(r.vec((size_t)M * V, -8, 8)), out(zeros((size_t)M * V));
