@@ -2845,7 +2845,8 @@ void multihead_attention_backward(float* dxq, float* dxkv, const AttentionWeight
 // pass also rounds h for the second product (h16: h's twin, or scratch). A unit that did not pass (x <= 0,
 // or dropped) is written as -0, one that did as x scale > 0 (its bf16 rounding +0 at the least), so the
 // backward takes the mask from h's sign bit, or its twin's; a training step's bf16 twin is listed alone,
-// and then the pass writes it and not h (h null). The backward's pass likewise rounds dh.
+// and then the pass writes it and not h (h null). The backward's pass likewise rounds dh, and sums b1's
+// gradient as it goes.
 __global__ void bias_relu_dropout_kernel(float* h, bf16* h16, const float* hpre, const float* b, DropoutKey drop, size_t M, int F,
                                          float scale) {
   drop = at_step(drop);
@@ -2858,10 +2859,23 @@ __global__ void bias_relu_dropout_kernel(float* h, bf16* h16, const float* hpre,
 }
 // Whether unit i passed the ReLU and its dropout, from the sign of what the forward wrote (h16 if not null)
 __device__ bool relu_passed(const float* h, const bf16* h16, size_t i) { return !signbit(h16 ? __bfloat162float(h16[i]) : h[i]); }
-__global__ void relu_backward_kernel(float* dh, bf16* dh16, const float* h, const bf16* h16, size_t n, float scale) {
-  GRID_STRIDE(i, n) {
-    dh[i] = relu_passed(h, h16, i) ? dh[i] * scale : 0.f;
-    if (dh16) dh16[i] = __float2bfloat16(dh[i]);
+// The gate backward, dh = dh scale where the unit passed, else 0, and db += sum_rows dh in the same pass: a
+// block takes kBiasGradRows rows of 256 columns at a time (grid y, strided), a thread a column, and adds
+// each such sum once. In bf16 (dh16) the products read dh16 alone, so dh's fp32 values are not written back.
+constexpr int kBiasGradRows = 64;
+__global__ void relu_backward_kernel(float* dh, bf16* dh16, float* db, const float* h, const bf16* h16, size_t M, int F, float scale) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= F) return;
+  for (size_t r0 = (size_t)blockIdx.y * kBiasGradRows; r0 < M; r0 += (size_t)gridDim.y * kBiasGradRows) {
+    const size_t r1 = M - r0 < kBiasGradRows ? M : r0 + kBiasGradRows;
+    float sum = 0;
+    for (size_t i = r0 * F + c; i < r1 * F; i += F) {
+      const float g = relu_passed(h, h16, i) ? dh[i] * scale : 0.f;
+      if (dh16) dh16[i] = __float2bfloat16(g);
+      else dh[i] = g;
+      sum += g;
+    }
+    atomicAdd(&db[c], sum);
   }
 }
 
@@ -2883,8 +2897,9 @@ void ffn_backward(float* din, const FfnWeights<float>& dw, float* dh, const floa
   const bool add_din = !took_zero_fill(din, (size_t)M * D);  // else written
   linear_backward(dh, false, dw.w2, dw.b2, operand(dout, (size_t)M * D, kLeft), a.h, w.w2, M, F, D);  // dh written, not added
   bf16* dh16 = rounded_in_pass(n);
-  LAUNCH(relu_backward_kernel, blocks_for(n), 256, 0, dh, dh16, a.h, bf16_twin_of(a.h, n), n, (float)dropout_scale(relu_drop));
-  linear_backward(din, add_din, dw.w1, dw.b1, Operand{dh, dh16}, in, w.w1, M, D, F);
+  const dim3 grid((F + 255) / 256, std::clamp((M + kBiasGradRows - 1) / kBiasGradRows, 1, 65535));
+  LAUNCH(relu_backward_kernel, grid, 256, 0, dh, dh16, dw.b1, a.h, bf16_twin_of(a.h, n), (size_t)M, F, (float)dropout_scale(relu_drop));
+  linear_backward(din, add_din, dw.w1, nullptr, Operand{dh, dh16}, in, w.w1, M, D, F);  // b1's gradient: the gate's pass
 }
 
 // ---- §3.1 LayerNorm and the residual connection: one warp per row ----------------------------------

@@ -33,10 +33,11 @@ mutants=(
   "a CUDA graph that replays its capture's dropout masks (the step not read from device memory)|graphed ? dropout_step : nullptr};|nullptr};"
   "a CUDA graph that replays its capture's batch place in the step (micro not read from device memory)|key.site + key.step->micro_site);|key.site);"
   "a producer that leaves its output's bf16 twin stale (residual + LayerNorm)|LAUNCH(residual_dropout_layernorm_kernel, warp_row_blocks(M), kWarpRowThreads, 0, out, bf16_twin_of(out, (size_t)M * D),|LAUNCH(residual_dropout_layernorm_kernel, warp_row_blocks(M), kWarpRowThreads, 0, out, nullptr,"
-  "an FFN backward that takes the ReLU's mask from h, not from h's twin listed alone (h not written)|dh, dh16, a.h, bf16_twin_of(a.h, n), n,|dh, dh16, a.h, nullptr, n,"
+  "an FFN backward that takes the ReLU's mask from h, not from h's twin listed alone (h not written)|dh, dh16, dw.b1, a.h, bf16_twin_of(a.h, n), (size_t)M,|dh, dh16, dw.b1, a.h, nullptr, (size_t)M,"
   "a warp-level sync where the block must meet (attention backward's one-tile row sums: read before the other warps write)|st[lane] = part;\n        __syncthreads();|st[lane] = part;\n        __syncwarp();"
   "a deferred zero fill taken by an op that writes less than all of it (the range's start matched, not its length)|return f.p == p && f.n == n;|return f.p == p;"
   "an op that takes a deferred zero fill and still adds into the buffer (the residual's backward, dy)|dy[i] = (add_dy ? dy[i] : 0.f) +|dy[i] = dy[i] +"
+  "b1's gradient stored by each block of the FFN's gate pass, not added (a lost update)|atomicAdd(&db[c], sum);|db[c] = sum;"
   "a CUDA graph of the update that replays its capture's Adam step (staged only while captured)|*staged_adam = gpu::adam_step(lr, c.beta1, c.beta2, m.step);\n    const auto work = [&] {\n|const auto work = [&] {\n      *staged_adam = gpu::adam_step(lr, c.beta1, c.beta2, m.step);\n"
 )
 
