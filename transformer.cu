@@ -2638,9 +2638,12 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
   auto at = [&](int i, int j) { return ((size_t)blockIdx.x * Lq + i) * Lk + j; };  // p's offset of (i, j)
   auto keep = [&](size_t ij) { return drop.p > 0 ? (dropout_keeps(drop, ij) ? keep_scale : 0.f) : 1.f; };
   auto head = [&](int L, int r) { return ((size_t)b * L + r) * D + h * Dk; };  // where row r's columns of head h start
-  auto put = [&](float* x, bf16* x16, size_t at, float value) {  // x16: x's rounding for the products after, or null
-    x[at] = add ? x[at] + value : value;
-    if (x16) x16[at] = __float2bfloat16(x[at]);
+  // x16: x's rounding for the products after, or null; written in place of x (not added to), it is all the
+  // products read, and x's fp32 values are not written
+  auto put = [&](float* x, bf16* x16, size_t at, float value) {
+    if (add) value += x[at];
+    if (x16) x16[at] = __float2bfloat16(value);
+    if (add || !x16) x[at] = value;
   };
   auto row_of = [&](int r) { return warp + r * kAttentionWarps; };  // the warp's r-th row of a tile
   // forward was: ctx_i = sum_j p'_ij v_j (p'_ij = p_ij keep_ij), p_i = softmax(s_i), s_ij = scale q_i . k_j
@@ -2791,7 +2794,8 @@ void attention_forward(float* ctx, float* p, const float* q, const float* k, con
   });
 }
 
-// attention_backward with dq, dk and dv added to (add) or written, and their bf16 roundings written (dq16, dk16, dv16, or null)
+// attention_backward with dq, dk and dv added to (add) or written, and their bf16 roundings written (dq16, dk16, dv16, or
+// null; written in place of dq, dk and dv, not added to, they are all the kernel writes)
 static void attention_backward(float* dq, float* dk, float* dv, bf16* dq16, bf16* dk16, bf16* dv16, bool add, const float* dctx,
                                const float* p, const float* q, const float* k, const float* v, DropoutKey drop, int B, int Lq, int Lk,
                                int D, int H) {
@@ -2825,7 +2829,8 @@ void multihead_attention_backward(float* dxq, float* dxkv, const AttentionWeight
                                   const float* xkv, const AttentionWeights<float>& w, DropoutKey drop, int B, int Lq, int Lk,
                                   int D, int H) {
   // the forward call list, in reverse; s holds scratch for dq, dk, dv, dctx, each written (not added); in
-  // bf16 the attention's kernel rounds dq, dk and dv as it writes them. dxkv (and dxq, if another buffer)
+  // bf16 the attention's kernel writes dq, dk and dv rounded, and not their fp32 values (the products read
+  // only the roundings). dxkv (and dxq, if another buffer)
   // taken zeroed is written by its first product.
   const size_t nq = (size_t)B * Lq * D, nk = (size_t)B * Lk * D;
   const bool add_kv = !took_zero_fill(dxkv, nk), add_q = dxq == dxkv || !took_zero_fill(dxq, nq);
@@ -3109,19 +3114,21 @@ __global__ void count_targets_kernel(double* tokens, const int* targets, size_t 
 }
 
 // dlogits16: dlogits' bf16 twin, or null (written for padding's rows too, which get no gradient). add:
-// dlogits holds values to add to; else it was taken zeroed (took_zero_fill) and is written, padding's rows 0.
+// dlogits holds values to add to; else it was taken zeroed (took_zero_fill) and is written, padding's rows 0,
+// or, where its twin is listed alone (dlogits null), only the twin is.
 __global__ void xent_backward_kernel(float* dlogits, bf16* dlogits16, const float* logits, const float* lse, const int* targets, int V,
                                      float qt, float qo, const double* tokens, int pad, bool add) {
   const int t = targets[blockIdx.x];
   const bool none = t == pad || *tokens == 0;
   const float inv_n = none ? 0.f : (float)(1.0 / *tokens);
   const float* z = logits + (size_t)blockIdx.x * V;
-  float* dz = dlogits + (size_t)blockIdx.x * V;
+  float* dz = dlogits ? dlogits + (size_t)blockIdx.x * V : nullptr;
   const float l = lse[blockIdx.x];
   for (int v = threadIdx.x; v < V; v += blockDim.x) {
-    if (!none) dz[v] = (add ? dz[v] : 0.f) + (expf(z[v] - l) - (v == t ? qt : qo)) * inv_n;
-    else if (!add) dz[v] = 0.f;
-    if (dlogits16) dlogits16[(size_t)blockIdx.x * V + v] = __float2bfloat16(dz[v]);
+    float x = add ? dz[v] : 0.f;
+    if (!none) x += (expf(z[v] - l) - (v == t ? qt : qo)) * inv_n;
+    if (dz && !(none && add)) dz[v] = x;
+    if (dlogits16) dlogits16[(size_t)blockIdx.x * V + v] = __float2bfloat16(x);
   }
 }
 
@@ -3157,10 +3164,13 @@ void label_smoothed_xent_backward(float* dlogits, const float* logits, const flo
   cpu::smoothing_weights(eps, form, V, &qt, &qo);
   if (M == 0) return;
   const bool add = !took_zero_fill(dlogits, (size_t)M * V);
+  bool alone;
+  bf16* dlogits16 = bf16_twin_of(dlogits, (size_t)M * V, &alone);
+  if (alone && add) throw std::logic_error("label_smoothed_xent_backward: adding into a gradient whose fp32 values are not kept (a bf16 twin listed alone)");
   // the number of real tokens is counted on the device: nothing comes back to the host
   CUDA_CHECK(cudaMemsetAsync(scalar(kTokenCount), 0, sizeof(double), stream()));
   LAUNCH(count_targets_kernel, std::min(blocks_for(M), 64u), kRowThreads, 0, scalar(kTokenCount), targets, M, pad);
-  LAUNCH(xent_backward_kernel, M, row_threads(V), 0, dlogits, bf16_twin_of(dlogits, (size_t)M * V), logits, lse, targets, V, (float)qt, (float)qo,
+  LAUNCH(xent_backward_kernel, M, row_threads(V), 0, alone ? nullptr : dlogits, dlogits16, logits, lse, targets, V, (float)qt, (float)qo,
          scalar(kTokenCount), pad, add);
 }
 
@@ -3521,12 +3531,13 @@ class GpuModel : public DeviceModel {
   // bf16 twin in the same pass (gpu::set_bf16_twins), so that no product rounds them again, forward or
   // backward: each attention's ctx, each FFN's h (alone: its fp32 values are not written, as nothing but
   // its products and the backward's ReLU mask, from the twin's signs, reads h), the embedded inputs x0
-  // (their embedding, then their dropout in place, each writes it), and post-LN each sub-layer connection's output (the next
-  // sub-layer's input, the encoder's output, the decoder's). Pre-LN's sub-layer inputs come from
-  // layernorm_forward, which writes none: they are rounded on their way into the products. Two gradients
-  // too: the logits' (the loss's backward writes it) and a sub-layer's output's, d_sub (the residual's
-  // backward adds into it once, after a fill that no product reads; the embeddings' backward uses it as
-  // scratch, through dropout's backward, which writes the twin too).
+  // (their embedding, then their dropout in place, each writes it), and post-LN each sub-layer
+  // connection's output (the next sub-layer's input, the encoder's output, the decoder's). Pre-LN's
+  // sub-layer inputs come from layernorm_forward, which writes none: they are rounded on their way into the
+  // products. Two gradients too: the logits' (alone: the output projection's two products are all that
+  // read it; the loss's backward writes it, taking the backward's fill, gpu::defer_zero_fill) and a
+  // sub-layer's output's, d_sub (the residual's backward writes it, taking its fill; the embeddings'
+  // backward uses it as scratch, through dropout's backward, which writes the twin too).
   void keep_bf16_twins() {
     twin_list.clear();
     if (gpu::products() == Precision::bf16) {
@@ -3544,7 +3555,7 @@ class GpuModel : public DeviceModel {
         twin_list.push_back({l.self.ctx, Mt * D}), twin_list.push_back({l.cross.ctx, Mt * D}), twin_list.push_back({l.ffn.h, Mt * F, true});
         connection(l.self_sub, Mt), connection(l.cross_sub, Mt), connection(l.ffn_sub, Mt);
       }
-      twin_list.push_back({acts.dlogits, Mt * c.V}), twin_list.push_back({acts.d_sub, std::max(Ms, Mt) * D});
+      twin_list.push_back({acts.dlogits, Mt * c.V, true}), twin_list.push_back({acts.d_sub, std::max(Ms, Mt) * D});
     }
     size_t need = 0;
     for (const gpu::Bf16Twin& t : twin_list) need += t.n;

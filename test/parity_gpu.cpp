@@ -1003,8 +1003,16 @@ int main() {
     same_bf16(ck, out.get(), out.h, kBf16Chain, "bf16 multihead_attention_forward" + tag);
     cpu::multihead_attention_backward(dxq.h.data(), dxkv_h, host(dwq, dwk, dwv, dwo), dout.h.data(), ha, hs, xq.h.data(), hkv,
                                       host(wq, wk, wv, wo), drop, B, Lq, lk, D, H);
+    sq.poison(), sk.poison(), sv.poison();  // the attention's kernel writes dq, dk and dv rounded, not these
     gpu::multihead_attention_backward(dxq.d, dxkv_d, dev(dwq, dwk, dwv, dwo), dout.d, da, ds, xq.d, dkv, dev(wq, wk, wv, wo), drop, B, Lq,
                                       lk, D, H);
+    size_t written = 0;
+    for (const Buf* b : {&sq, &sk, &sv})
+      for (float x : b->get()) written += !std::isnan(x);
+    std::printf("  %-44s %zu of %zu elements written\n", ("bf16 attention backward: dq, dk, dv in fp32" + tag).c_str(), written,
+                sq.h.size() + sk.h.size() + sv.h.size());
+    ck.expect(written == 0, "bf16 multihead_attention_backward%s: %zu elements of dq, dk, dv written in fp32 (the products read their roundings)",
+              tag.c_str(), written);
     same_bf16(ck, dxq.get(), dxq.h, kBf16Chain, "bf16 multihead_attention_backward dxq" + tag);
     if (!self) same_bf16(ck, dxkv.get(), dxkv.h, kBf16Chain, "bf16 multihead_attention_backward dxkv" + tag);
     for (auto [b, name] : {std::pair{&dwq, "dWq"}, std::pair{&dwk, "dWk"}, std::pair{&dwv, "dWv"}, std::pair{&dwo, "dWo"}})
@@ -1047,26 +1055,33 @@ int main() {
     // The activations' bf16 twins, which the products read instead of rounding them: each is its buffer
     // rounded, as its producer wrote both (a twin left stale, by a producer that does not write it, is not).
     // Post-LN: each attention's ctx, each FFN's h and each sub-layer connection's output; pre-LN the first
-    // two; both, the embedded inputs and the gradients of the logits and of a sub-layer's output.
+    // two; both, the embedded inputs and the gradients of the logits and of a sub-layer's output. Listed
+    // alone, their fp32 values not written: the FFNs' h (checked above) and the logits' gradient (its
+    // products are the gradient's, checked above).
     {
       const auto twins = gpu::bf16_twins();
-      const size_t want = (size_t)c.N * (pre_ln ? 2 + 3 : 4 + 6) + 4, want_alone = 2 * (size_t)c.N;
-      size_t stale = 0, elements = 0, alone = 0;
+      const size_t want = (size_t)c.N * (pre_ln ? 2 + 3 : 4 + 6) + 4, want_alone = 2 * (size_t)c.N + 1;
+      size_t stale = 0, elements = 0, alone = 0, alone_written = 0;
       for (const gpu::Bf16Twin& t : twins) {
         elements += t.n;
-        if (t.alone) {  // the FFNs' h, checked above: their fp32 values are not written
+        if (t.alone) {
           ++alone;
+#ifdef TRANSFORMER_EMULATED_GPU  // where device memory starts as NaN: the fp32 values of a twin alone stay so
+          std::vector<float> f(t.n);
+          gpu::download(f.data(), t.p, t.n);
+          for (float x : f) alone_written += !std::isnan(x);
+#endif
           continue;
         }
         std::vector<float> f(t.n);
         gpu::download(f.data(), t.p, t.n);
         stale += gpu::bf16_copy(t.p, t.n) != bf16_rounded(f);
       }
-      std::printf("  %-44s %zu twins (want %zu), %zu alone (want %zu), %zu elements, %zu not their buffer rounded\n",
-                  ("bf16 step: activations' twins" + tag).c_str(), twins.size(), want, alone, want_alone, elements, stale);
-      ck.expect(twins.size() == want && alone == want_alone && stale == 0,
-                "bf16 step%s: %zu activations with a bf16 twin (want %zu), %zu alone (want %zu), %zu of them not their buffer rounded",
-                tag.c_str(), twins.size(), want, alone, want_alone, stale);
+      std::printf("  %-44s %zu twins (want %zu), %zu alone (want %zu, fp32 written at %zu elements), %zu elements, %zu not their buffer rounded\n",
+                  ("bf16 step: activations' twins" + tag).c_str(), twins.size(), want, alone, want_alone, alone_written, elements, stale);
+      ck.expect(twins.size() == want && alone == want_alone && alone_written == 0 && stale == 0,
+                "bf16 step%s: %zu activations with a bf16 twin (want %zu), %zu alone (want %zu; fp32 written at %zu elements, want 0), %zu of them not their buffer rounded",
+                tag.c_str(), twins.size(), want, alone, want_alone, alone_written, stale);
     }
     // The update rewrites the parameters' bf16 copy, which the next step's products read: its loss agrees
     // again, and differs from the first step's by more than the bound (a stale copy would not follow).
