@@ -2163,6 +2163,7 @@ void launch_deferred_fills() {
   v.swap(deferred_fills());  // emptied first: the fills' own launches find none waiting
   for (const ZeroFill& f : v) fill(f.p, 0, f.n);
 }
+void drop_deferred_fills() { deferred_fills().clear(); }
 
 // Reductions by op (Sum, Max): over the 32 lanes of a warp, every lane getting the result, with no barrier;
 // and over a block's threads, a whole number of warps up to kRowThreads, every thread getting the result.
@@ -3371,7 +3372,12 @@ class GpuModel : public DeviceModel {
     if (b.B != B || (graphed ? rounded_length(b.S, m.cfg.max_len) : b.S) != S || (graphed ? rounded_length(b.T, m.cfg.max_len) : b.T) != Tl)
       throw std::logic_error("backward of another batch than the last forward");
     const auto run = [&](bool graph) {
-      backward_pass<GpuOps>(pass(train, graph));
+      try {
+        backward_pass<GpuOps>(pass(train, graph));
+      } catch (...) {  // no fill of this backward's waits for the next one's ops (or for a reallocated arena)
+        gpu::drop_deferred_fills();
+        throw;
+      }
       gpu::launch_deferred_fills();  // a fill that no op took is launched within the backward (and its graph)
     };
     if (!graphed) return run(false);

@@ -566,6 +566,7 @@ void fill(float* p, float value, size_t n);
 // other GPU work (a launch, a product, a copy) the fills still waiting are launched.
 void defer_zero_fill(float* p, size_t n);
 void launch_deferred_fills();
+void drop_deferred_fills();  // forgets them (a backward that throws): nothing is filled
 void synchronize();
 
 // A bf16 copy of the n floats at p (the parameters), which adam_update keeps current and the products read

@@ -543,6 +543,14 @@ int main() {
     });
     deferral("layernorm_backward", {{&dx, n}}, {&dx, &dg, &db}, 0,
              [&] { gpu::layernorm_backward(dx.d, dg.d, db.d, dout.d, in.d, g.d, mean.d, rstd.d, M, D); });
+    {  // dropped (a backward that throws): nothing filled, and nothing left for the op after to take
+      Buf din(dx.h);
+      cpu::dropout_backward(din.h.data(), dout.h.data(), drop, n);
+      gpu::defer_zero_fill(din.d, n);
+      gpu::drop_deferred_fills();
+      gpu::dropout_backward(din.d, dout.d, drop, n);
+      rep.same(din, "dropout_backward after a dropped fill (adds)");
+    }
     // not taken: a range the op reads (dout), one that is not all of the op's output (dx less a float)
     deferral("an input of dropout_backward", {{&dout, n}}, {&dx, &dout}, 1, [&] { gpu::dropout_backward(dx.d, dout.d, drop, n); });
     deferral("residual_dropout_backward, dx less a float", {{&dx, n - 1}, {&dy, n}}, {&dx, &dy}, 1,
