@@ -553,6 +553,7 @@ int main() {
     }
     // not taken: a range the op reads (dout), one that is not all of the op's output (dx less a float)
     deferral("an input of dropout_backward", {{&dout, n}}, {&dx, &dout}, 1, [&] { gpu::dropout_backward(dx.d, dout.d, drop, n); });
+    gpu::upload(dout.d, dout.h.data(), n);  // that case left it zeroed: the ops below read its values
     deferral("residual_dropout_backward, dx less a float", {{&dx, n - 1}, {&dy, n}}, {&dx, &dy}, 1,
              [&] { gpu::residual_dropout_backward(dx.d, dy.d, dout.d, drop, n); });
     {  // the loss (padding's rows written 0), the output projection
