@@ -2831,8 +2831,7 @@ void multihead_attention_backward(float* dxq, float* dxkv, const AttentionWeight
                                   int D, int H) {
   // the forward call list, in reverse; s holds scratch for dq, dk, dv, dctx, each written (not added); in
   // bf16 the attention's kernel writes dq, dk and dv rounded, and not their fp32 values (the products read
-  // only the roundings). dxkv (and dxq, if another buffer)
-  // taken zeroed is written by its first product.
+  // only the roundings). dxkv (and dxq, if another buffer) taken zeroed is written by its first product.
   const size_t nq = (size_t)B * Lq * D, nk = (size_t)B * Lk * D;
   const bool add_kv = !took_zero_fill(dxkv, nk), add_q = dxq == dxkv || !took_zero_fill(dxq, nq);
   linear_backward(s.ctx, false, dw.wo, nullptr, operand(dout, nq, kLeft), a.ctx, w.wo, B * Lq, D, D);
