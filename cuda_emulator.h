@@ -248,6 +248,11 @@ struct Thread {
   unsigned mask = 0;
   uint64_t value = 0, result = 0;  // a collective's operand and its outcome
   int arg = 0, width = 32;
+  // its asynchronous copies (__pipeline_memcpy_async) not yet done: groups committed, oldest first, then
+  // the copies after the last commit; a copy is done only when a wait covers its group
+  struct Copy { void* to; const void* from; size_t bytes; };
+  std::vector<std::vector<Copy>> copy_groups;
+  std::vector<Copy> uncommitted;
 };
 
 // What the host asked of the device since the last reset_counts(): `bench --count` prints it per training
@@ -376,6 +381,16 @@ inline void suspend() {
 #endif
 }
 
+inline std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+inline std::string format(const char* fmt, ...) {
+  char buf[512];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  return buf;
+}
+
 // A fiber runs the next thread not yet started; when that thread returns without having waited, the same
 // fiber runs the next one, so a block whose threads never meet needs one fiber, not one per thread.
 inline void fiber_main() {
@@ -389,6 +404,9 @@ inline void fiber_main() {
     t.fiber = f;
     s.current = &t;
     s.body(s.body_arg);
+    if ((!t.copy_groups.empty() || !t.uncommitted.empty()) && s.failure.empty())
+      s.failure = format("thread (%u,%u,%u) returned with asynchronous copies (__pipeline_memcpy_async) not waited for",
+                         t.idx.x, t.idx.y, t.idx.z);
     s.current->wait = Wait::exited;
   } while (s.started < s.threads.size());
   suspend();  // never resumed
@@ -427,16 +445,6 @@ inline uint64_t collective(Collective kind, unsigned mask, uint64_t value, int a
   ++state().at_collective[t.warp];
   suspend();
   return t.result;
-}
-
-inline std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-inline std::string format(const char* fmt, ...) {
-  char buf[512];
-  va_list ap;
-  va_start(ap, fmt);
-  std::vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  return buf;
 }
 
 // The lane a collective of t reads from (t's own lane where CUDA returns the caller's value).
@@ -803,6 +811,33 @@ template <typename T> T atomicAdd(T* address, T value) {
   const T old = *address;
   *address = old + value;
   return old;
+}
+
+// Asynchronous copies into shared memory (cuda_pipeline.h; cp.async, sm_80 on): a copy of 4, 8 or 16 bytes,
+// both ends aligned to its size, the last zfill bytes zeros. It is done only when __pipeline_wait_prior(n)
+// leaves at most n of the thread's committed groups waiting, its group among the done: until then the
+// destination keeps what it held, so a read before the wait sees the old bytes, as it may on a GPU. A thread
+// that returns with copies not waited for is an error.
+inline void __pipeline_memcpy_async(void* to, const void* from, size_t bytes, size_t zfill = 0) {
+  ::emu::State& s = ::emu::state();
+  if ((bytes != 4 && bytes != 8 && bytes != 16) || zfill > bytes || (uintptr_t)to % bytes || (uintptr_t)from % bytes) {
+    if (s.failure.empty()) s.failure = ::emu::format("__pipeline_memcpy_async of %zu bytes (%zu zero), %p to %p: not 4, 8 or 16 bytes aligned to their size", bytes, zfill, from, to);
+    return;
+  }
+  ::emu::this_thread().uncommitted.push_back({to, from, bytes - zfill});
+  if (zfill) ::emu::this_thread().uncommitted.push_back({(char*)to + bytes - zfill, nullptr, zfill});  // (from null: zeros)
+}
+inline void __pipeline_commit() {
+  ::emu::Thread& t = ::emu::this_thread();
+  t.copy_groups.push_back(std::move(t.uncommitted));
+  t.uncommitted.clear();
+}
+inline void __pipeline_wait_prior(size_t n) {
+  ::emu::Thread& t = ::emu::this_thread();
+  while (t.copy_groups.size() > n) {
+    for (const auto& c : t.copy_groups.front()) c.from ? (void)std::memcpy(c.to, c.from, c.bytes) : (void)std::memset(c.to, 0, c.bytes);
+    t.copy_groups.erase(t.copy_groups.begin());
+  }
 }
 
 // ---- the runtime API ------------------------------------------------------------------------------

@@ -6,8 +6,11 @@
 //   - thread orders: inorder, reverse and shuffle start a block's threads in those orders, and a race on
 //     shared memory (a missing __syncthreads) gives different results under two of them; a warp whose
 //     __syncwarp completes runs ahead of the other warps, so a race between warps shows under each order;
+//   - asynchronous copies (__pipeline_memcpy_async): none done before the wait that covers its group, the
+//     zero-filled bytes zeros;
 //   - findings: a __syncthreads only some threads reach, barriers at different lines, a collective whose
 //     mask names a returned lane or leaves the caller out, a read from a lane outside the mask, a deadlock,
+//     a thread that returns with asynchronous copies not waited for, a misaligned asynchronous copy,
 //     a kernel that never ends (in a child process, CUDA_EMULATOR_TIMEOUT), a write past a device
 //     allocation (in a child process: AddressSanitizer); each names the kernel and is sticky until
 //     cudaDeviceReset;
@@ -104,7 +107,38 @@ __global__ void warp_race_kernel(float* out) {
   out[threadIdx.x] = slot[(threadIdx.x + 32) % 64];
 }
 
+// Asynchronous copies (cp.async) into shared memory, out[7 * 64] per thread t of 64, in[128]: a copy is not
+// done before a wait covers its group, __pipeline_wait_prior(1) leaves the newest group waiting, and a
+// copy's last zfill bytes are zeros.
+__global__ void async_copy_kernel(float* out, const float* in) {
+  alignas(16) __shared__ float a[64], b[64], c[256];
+  const unsigned t = threadIdx.x;
+  a[t] = b[t] = -1;
+  for (int i = 0; i < 4; ++i) c[4 * t + i] = -1;
+  __pipeline_memcpy_async(&a[t], &in[t], sizeof(float));  // group 1
+  out[t] = a[t];                                           // before any wait: -1
+  __pipeline_commit();
+  __pipeline_memcpy_async(&b[t], &in[64 + t], sizeof(float));  // group 2
+  __pipeline_memcpy_async(&c[4 * t], &in[t % 32 * 4], 16, t % 2 ? 8 : 0);  // 16 bytes, odd threads' last 8 zeros
+  __pipeline_commit();
+  __pipeline_wait_prior(1);  // group 1 done, group 2 not
+  out[64 + t] = a[t], out[128 + t] = b[t], out[192 + t] = c[4 * t];
+  __pipeline_wait_prior(0);
+  out[256 + t] = b[t], out[320 + t] = c[4 * t + 1], out[384 + t] = c[4 * t + 3];
+}
+
 // ---- kernels the emulator must reject --------------------------------------------------------------------
+__global__ void unwaited_copy_kernel(float* out) {  // returns with its copy not waited for
+  __shared__ float a[64];
+  __pipeline_memcpy_async(&a[threadIdx.x], &out[threadIdx.x], sizeof(float));
+  __pipeline_commit();
+}
+__global__ void misaligned_copy_kernel(float* out) {  // 16 bytes from an address 4 bytes past a 16-byte boundary
+  alignas(16) __shared__ float a[256];
+  __pipeline_memcpy_async(&a[4 * threadIdx.x], &out[4 * threadIdx.x + 1], 16);
+  __pipeline_commit();
+  __pipeline_wait_prior(0);
+}
 __global__ void early_return_kernel(float* out) {
   if (threadIdx.x >= 100) return;
   __syncthreads();
@@ -343,6 +377,25 @@ int main() {
     emu::state().order = saved;
   }
 
+  {  // asynchronous copies: done at the wait that covers their group, not before
+    std::vector<float> h_in(128);
+    std::iota(h_in.begin(), h_in.end(), 1.f);
+    float* in = device<float>(128);
+    float* out = device<float>(7 * 64);
+    cudaMemcpy(in, h_in.data(), 128 * sizeof(float), cudaMemcpyHostToDevice);
+    RUN(async_copy_kernel, 1, 64, 0, out, in);
+    const std::vector<float> h = download(out, 7 * 64);
+    int wrong = 0;
+    for (int t = 0; t < 64; ++t) {
+      const float want[7] = {-1, h_in[t], -1, -1, h_in[64 + t], h_in[t % 32 * 4 + 1], t % 2 ? 0.f : h_in[t % 32 * 4 + 3]};
+      for (int k = 0; k < 7; ++k) wrong += h[64 * k + t] != want[k];
+    }
+    ck.expect(cudaGetLastError() == cudaSuccess && wrong == 0,
+              "async_copy_kernel: %d of 448 values differ from the copies' order (none done before its wait, the zero-filled bytes zeros)", wrong);
+    cudaFree(in);
+    cudaFree(out);
+  }
+
   // findings, each naming the kernel
   float* out = device<float>(256);
   expect_finding(ck, "early_return_kernel", early_return_kernel, 128, "reached by 100 of the block's 128 threads", out);
@@ -355,6 +408,10 @@ int main() {
   expect_finding(ck, "lane_outside_mask_kernel", lane_outside_mask_kernel, 32, "reads lane 20, which is not in the mask", out);
   out = device<float>(256);
   expect_finding(ck, "deadlock_kernel", deadlock_kernel, 64, "deadlock: 63 at __syncthreads", out);
+  out = device<float>(256);
+  expect_finding(ck, "unwaited_copy_kernel", unwaited_copy_kernel, 64, "returned with asynchronous copies", out);
+  out = device<float>(256);
+  expect_finding(ck, "misaligned_copy_kernel", misaligned_copy_kernel, 32, "not 4, 8 or 16 bytes aligned", out);
   const auto [spin, spin_err] = in_child([] {
     emu::state().timeout = 1;
     int* flag = device<int>(1);
