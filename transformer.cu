@@ -1987,6 +1987,7 @@ constexpr bool kEmulatedGpu = true;
 #else
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
+#include <cuda_pipeline.h>
 #include <cuda_runtime.h>
 constexpr bool kEmulatedGpu = false;
 #define KERNEL_LAUNCH(kernel, grid, block, shared, ...) kernel<<<grid, block, shared, gpu::stream()>>>(__VA_ARGS__)
@@ -2457,6 +2458,7 @@ constexpr int kAttentionTile = 32;  // rows of a tile: one per lane of a warp
 constexpr int kAttentionWarps = 8;
 constexpr int kAttentionThreads = kAttentionTile * kAttentionWarps;
 constexpr int kRowsPerWarp = kAttentionTile / kAttentionWarps;
+static_assert(kRowsPerWarp == 4, "a lane's staged rows are one 16-byte load (load4)");
 // A warp's staging area: two values per lane and row of the warp (kStageFloats a warp), where the warp's
 // lanes leave what the others read (stage_rows), in place of a shuffle per value.
 constexpr int kStageFloats = 2 * kAttentionTile * kRowsPerWarp;
@@ -2490,17 +2492,33 @@ __device__ void stage_rows(float* st, const float (&x)[kRowsPerWarp]) {
   write_rows(st, x);
   __syncwarp();
 }
-// Four floats of shared memory at p (16-byte aligned) in one load.
+// Four floats at p (16-byte aligned) in one load.
 __device__ float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
 
 // Rows first .. first + 31 of x's head h ((B, L, D) rows, columns h Dk ..) into a tile (rows attention_ld(Dk)
-// apart); zeros past L and past Dk.
+// apart); zeros past L and past Dk. Warp w takes rows w, w + 8, ..., a lane 4 columns (where the head's
+// columns are 16-byte aligned: Dk and D multiples of 4) or one column at a time. The copies go straight
+// to shared memory (__pipeline_memcpy_async: cp.async), all in flight at once, and the thread waits once
+// for its own: a copy through registers waited for each load before the next.
 __device__ void load_head_tile(float* tile, const float* x, int b, int h, int L, int first, int D, int Dk) {
-  const int ld = attention_ld(Dk);
-  for (int e = threadIdx.x; e < kAttentionTile * ld; e += blockDim.x) {
-    const int r = e / ld, d = e % ld;
-    tile[e] = first + r < L && d < Dk ? x[((size_t)b * L + first + r) * D + h * Dk + d] : 0.f;
+  const int ld = attention_ld(Dk), lane = threadIdx.x % 32;
+  const bool by4 = Dk % 4 == 0 && D % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  for (int r = threadIdx.x / 32; r < kAttentionTile; r += kAttentionWarps) {
+    const bool in = first + r < L;
+    const float* row = x + ((size_t)b * L + first + r) * D + h * Dk;  // read only where in
+    float* to = tile + r * ld;
+    if (by4) {
+      for (int d = 4 * lane; d < ld; d += 128)
+        if (in && d < Dk) __pipeline_memcpy_async(to + d, row + d, 16);
+        else *reinterpret_cast<float4*>(to + d) = float4{};
+    } else {
+      for (int d = lane; d < ld; d += 32)
+        if (in && d < Dk) __pipeline_memcpy_async(to + d, row + d, sizeof(float));
+        else to[d] = 0.f;
+    }
   }
+  __pipeline_commit();
+  __pipeline_wait_prior(0);
 }
 
 // dot[r] = (row row_of(r) of tile `rows`) . (row `lane` of tile `lanes`) over Dk columns, for a warp's rows:
@@ -2523,19 +2541,22 @@ __device__ void rows_dot_lanes(float (&dot)[kRowsPerWarp], const float* rows, co
   }
 }
 
-// ctx16, the twin of ctx (bf16 products): the rows of the block's query tile, once the block has written them.
+// ctx16, the twin of ctx (bf16 products): the rows of the block's query tile, once the block has written them
+// (warp w rows w, w + 8, ..., a lane columns lane, lane + 32, ...).
 __device__ void ctx_tile_to_bf16(bf16* ctx16, const float* ctx, int H, int Lq, int D) {
   __syncthreads();  // the block's writes to ctx are seen by all its threads
   const int b = blockIdx.x / H, h = blockIdx.x % H, Dk = D / H, i0 = blockIdx.y * kAttentionTile;
-  for (int e = threadIdx.x; e < kAttentionTile * Dk; e += blockDim.x) {
-    const int i = i0 + e / Dk;
-    const size_t at = ((size_t)b * Lq + i) * D + h * Dk + e % Dk;
-    if (i < Lq) ctx16[at] = __float2bfloat16(ctx[at]);
+  for (int r = threadIdx.x / 32; r < kAttentionTile && i0 + r < Lq; r += kAttentionWarps) {
+    const size_t row = ((size_t)b * Lq + i0 + r) * D + h * Dk;
+    for (int d = threadIdx.x % 32; d < Dk; d += 32) ctx16[row + d] = __float2bfloat16(ctx[row + d]);
   }
 }
 
-// Forward: grid (B H, query tiles). Scores s_ij = q_i . k_j / sqrt(Dk) go to p, then each warp turns its
-// rows into softmax rows in place (a lane rereads only what it wrote), then ctx_i = sum_j p'_ij v_j.
+// Forward: grid (B H, query tiles). Two passes over the key tiles, the scores s_ij = q_i . k_j / sqrt(Dk) in
+// registers (a lane's key j, a warp's rows i): the first finds each row's max m_i and its sum l_i of
+// exp(s_ij - m_i), rescaled as the max grows; the second writes p_ij = exp(s_ij - m_i) / l_i and sums
+// ctx_i = sum_j p'_ij v_j. Where the keys fit one tile the second pass reuses the first one's scores, so no
+// score is formed twice and none goes through global memory.
 // kSlots = ceil(Dk / 32): the head's columns a lane sums (a template argument, so that the sums stay in
 // registers and no lane loops over columns a smaller head does not have).
 template <int kSlots>
@@ -2545,62 +2566,58 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)  // 4 blocks an SM: at m
   drop = at_step(drop);
   // BEGIN SOLUTION task=attention_kernel points=5
   const int b = blockIdx.x / H, h = blockIdx.x % H, Dk = D / H, ld = attention_ld(Dk), i0 = blockIdx.y * kAttentionTile;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
   float* qs = dynamic_shared<float>();  // (32, ld): the tile's queries
   float* ks = qs + kAttentionTile * ld;  // (32, ld): a tile of keys
   float* vs = ks + kAttentionTile * ld;  // (32, ld): a tile of values
   float* ws = warp_stage(Dk);            // the warp's p'_ij, lane by lane
   const float scale = rsqrtf((float)Dk), keep_scale = (float)dropout_scale(drop);
-  auto visible = [&](int i, int j) { return key_valid[(size_t)b * Lk + j] && (!causal || j <= i); };
-  auto p_row = [&](int i) { return ((size_t)blockIdx.x * Lq + i) * Lk; };  // p's offset of row i
-  auto row_of = [&](int r) { return warp + r * kAttentionWarps; };          // the warp's r-th row of the tile
-  load_head_tile(qs, q, b, h, Lq, i0, D, Dk);
-  float mx[kRowsPerWarp];
-  for (int r = 0; r < kRowsPerWarp; ++r) mx[r] = -INFINITY;
-  for (int j0 = 0; j0 < Lk; j0 += kAttentionTile) {
+  auto p_row = [&](int i) { return ((size_t)blockIdx.x * Lq + i) * Lk; };           // p's offset of row i
+  auto row_of = [&](int r) { return (int)threadIdx.x / 32 + r * kAttentionWarps; };  // the warp's r-th row of the tile
+  // s[r] = s_ij of the warp's rows i and the lane's key j of the key tile at j0, -inf where j is masked
+  auto scores = [&](float (&s)[kRowsPerWarp], int j0) {
     load_head_tile(ks, k, b, h, Lk, j0, D, Dk);
     __syncthreads();  // the key tile is loaded
-    float dot[kRowsPerWarp];  // q_i . k_j for the warp's rows i and the lane's key j
-    rows_dot_lanes(dot, qs, ks, Dk);
+    rows_dot_lanes(s, qs, ks, Dk);
+    const int j = j0 + lane;
+    const bool valid = j < Lk && key_valid[(size_t)b * Lk + j];
+    for (int r = 0; r < kRowsPerWarp; ++r) s[r] = valid && (!causal || j <= i0 + row_of(r)) ? s[r] * scale : -INFINITY;
+    __syncthreads();  // the key tile read by all, before the next overwrites it
+  };
+  load_head_tile(qs, q, b, h, Lq, i0, D, Dk);
+  float s[kRowsPerWarp], m[kRowsPerWarp], l[kRowsPerWarp];
+  for (int r = 0; r < kRowsPerWarp; ++r) m[r] = -INFINITY, l[r] = 0;
+  for (int j0 = 0; j0 < Lk; j0 += kAttentionTile) {  // the rows' max and sum of exponentials
+    scores(s, j0);
     for (int r = 0; r < kRowsPerWarp; ++r) {
-      const int i = i0 + row_of(r), j = j0 + lane;
-      if (i >= Lq || j >= Lk || !visible(i, j)) continue;
-      const float s = dot[r] * scale;
-      p[p_row(i) + j] = s;
-      mx[r] = fmaxf(mx[r], s);
+      const float tile_max = warp_max(s[r]);
+      if (tile_max == -INFINITY) continue;  // no visible key in this tile
+      const float mx = fmaxf(m[r], tile_max);
+      l[r] = l[r] * expf(m[r] - mx) + warp_sum(expf(s[r] - mx));
+      m[r] = mx;
     }
-    __syncthreads();  // before the next tile overwrites this one
-  }
-  for (int r = 0; r < kRowsPerWarp; ++r) {  // the softmax of each of the warp's rows
-    const int i = i0 + row_of(r);
-    if (i >= Lq) break;
-    float* pr = p + p_row(i);
-    const float m = warp_max(mx[r]);
-    float sum = 0;
-    for (int j = lane; j < Lk; j += 32) {
-      pr[j] = visible(i, j) ? expf(pr[j] - m) : 0.f;
-      sum += pr[j];
-    }
-    sum = warp_sum(sum);
-    for (int j = lane; j < Lk; j += 32)
-      if (sum > 0) pr[j] /= sum;  // a row with no visible key stays all zero, as on the CPU
   }
   float acc[kRowsPerWarp][kSlots] = {};
   for (int j0 = 0; j0 < Lk; j0 += kAttentionTile) {
+    if (Lk > kAttentionTile) scores(s, j0);  // else s holds the only tile's scores
     load_head_tile(vs, v, b, h, Lk, j0, D, Dk);
-    __syncthreads();  // the value tile is loaded
     float w[kRowsPerWarp];  // p'_ij of the warp's rows i and the lane's key j: dropped out or scaled
     for (int r = 0; r < kRowsPerWarp; ++r) {
       const int i = i0 + row_of(r), j = j0 + lane;
-      w[r] = i < Lq && j < Lk ? p[p_row(i) + j] : 0.f;
-      if (drop.p > 0 && w[r] != 0) w[r] = dropout_keeps(drop, p_row(i) + j) ? w[r] * keep_scale : 0.f;
+      // a masked key, and every key of a row with none visible, get 0, as on the CPU
+      const float pij = s[r] == -INFINITY ? 0.f : expf(s[r] - m[r]) / l[r];
+      if (i < Lq && j < Lk) p[p_row(i) + j] = pij;
+      w[r] = drop.p > 0 && pij != 0 && !dropout_keeps(drop, p_row(i) + j) ? 0.f : pij * keep_scale;
     }
+    __syncthreads();  // the value tile is loaded
     stage_rows(ws, w);
     for (int jj = 0; jj < min(kAttentionTile, Lk - j0); ++jj) {  // (past Lk, and past Lq below, w is 0)
       float vj[kSlots];
       for (int t = 0; t < kSlots; ++t) vj[t] = lane + 32 * t < Dk ? vs[jj * ld + lane + 32 * t] : 0.f;
+      const float4 wj = load4(ws + jj * kRowsPerWarp);  // lane jj's w[0..3]
+      const float wr[kRowsPerWarp] = {wj.x, wj.y, wj.z, wj.w};
       for (int r = 0; r < kRowsPerWarp && i0 + row_of(r) < Lq; ++r)
-        for (int t = 0; t < kSlots; ++t) acc[r][t] += ws[jj * kRowsPerWarp + r] * vj[t];
+        for (int t = 0; t < kSlots; ++t) acc[r][t] += wr[r] * vj[t];
     }
     __syncthreads();  // before the next tile overwrites this one
   }
@@ -2694,8 +2711,10 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
       for (int jj = 0; jj < min(kAttentionTile, Lk - j0); ++jj) {  // (past Lk, and past Lq below, ds is 0)
         float kj[kSlots];
         for (int t = 0; t < kSlots; ++t) kj[t] = column(ks, jj, t);
+        const float4 dsj = load4(st + jj * kRowsPerWarp);  // lane jj's ds[0..3]
+        const float dsr[kRowsPerWarp] = {dsj.x, dsj.y, dsj.z, dsj.w};
         for (int r = 0; r < kRowsPerWarp && i0 + row_of(r) < Lq; ++r)
-          for (int t = 0; t < kSlots; ++t) acc[r][t] += st[jj * kRowsPerWarp + r] * kj[t];
+          for (int t = 0; t < kSlots; ++t) acc[r][t] += dsr[r] * kj[t];
       }
       __syncthreads();  // before the next tiles overwrite these
     }
@@ -2753,10 +2772,10 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
       for (int ii = 0; ii < min(kAttentionTile, Lq - i0); ++ii) {  // (past Lq, and past Lk below, ds and p' are 0)
         float qi[kSlots], ci[kSlots];
         for (int t = 0; t < kSlots; ++t) qi[t] = column(qs, ii, t), ci[t] = column(dcs, ii, t);
-        for (int r = 0; r < kRowsPerWarp && j0 + row_of(r) < Lk; ++r) {
-          const float dsi = st[ii * kRowsPerWarp + r], pki = st[kStageFloats / 2 + ii * kRowsPerWarp + r];
-          for (int t = 0; t < kSlots; ++t) acc[r][t] += dsi * qi[t], acc_v[r][t] += pki * ci[t];
-        }
+        const float4 dsi = load4(st + ii * kRowsPerWarp), pki = load4(st + kStageFloats / 2 + ii * kRowsPerWarp);  // lane ii's
+        const float dsr[kRowsPerWarp] = {dsi.x, dsi.y, dsi.z, dsi.w}, pkr[kRowsPerWarp] = {pki.x, pki.y, pki.z, pki.w};
+        for (int r = 0; r < kRowsPerWarp && j0 + row_of(r) < Lk; ++r)
+          for (int t = 0; t < kSlots; ++t) acc[r][t] += dsr[r] * qi[t], acc_v[r][t] += pkr[r] * ci[t];
       }
       __syncthreads();  // before the next tiles overwrite these
     }

@@ -38,6 +38,7 @@ mutants=(
   "a deferred zero fill taken by an op that writes less than all of it (the range's start matched, not its length)|return f.p == p && f.n == n;|return f.p == p;"
   "an op that takes a deferred zero fill and still adds into the buffer (the residual's backward, dy)|dy[i] = (add_dy ? dy[i] : 0.f) +|dy[i] = dy[i] +"
   "b1's gradient stored by each block of the FFN's gate pass, not added (a lost update)|atomicAdd(&db[c], sum);|db[c] = sum;"
+  "a tile's asynchronous copies not waited for (load_head_tile: the tile read while its copies may still be in flight)|  __pipeline_commit();\n  __pipeline_wait_prior(0);\n|  __pipeline_commit();\n"
   "a CUDA graph of the update that replays its capture's Adam step (staged only while captured)|*staged_adam = gpu::adam_step(lr, c.beta1, c.beta2, m.step);\n    const auto work = [&] {\n|const auto work = [&] {\n      *staged_adam = gpu::adam_step(lr, c.beta1, c.beta2, m.step);\n"
 )
 
