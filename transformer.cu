@@ -2974,14 +2974,18 @@ __global__ void layernorm_backward_kernel(float* din, const float* dout, const f
   if (r < M) layernorm_row_backward(r, dout, in, g, mean, rstd, D, [=](size_t i, float dx) { din[i] = (add ? din[i] : 0.f) + dx; });
 }
 
-// dg += sum_rows dy xhat, db += sum_rows dy: a block sums kParamGradRows rows per column, then adds once.
-constexpr int kParamGradRows = 32;
+// dg += sum_rows dy xhat, db += sum_rows dy: a thread sums one column over kParamGradRows rows, then adds
+// once; grid (column blocks of kParamGradColumns, row blocks), so that a step's 8192 x 512 gradient makes
+// 1,024 blocks (four warps each) and fills the GPU, where one block a row block left it a quarter full.
+constexpr int kParamGradRows = 32, kParamGradColumns = 128;
 __global__ void layernorm_param_grads_kernel(float* dg, float* db, const float* dout, const float* in, const float* mean,
                                              const float* rstd, int M, int D) {
-  const int r0 = blockIdx.x * kParamGradRows, r1 = min(M, r0 + kParamGradRows);
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+  const int d = blockIdx.x * kParamGradColumns + threadIdx.x;
+  if (d >= D) return;
+  for (int r0 = blockIdx.y * kParamGradRows; r0 < M; r0 += gridDim.y * kParamGradRows) {  // (past 65,535 row blocks)
     float sg = 0, sb = 0;
-    for (int r = r0; r < r1; ++r) {
+#pragma unroll 8  // eight rows' loads in flight, not one: the loop waited on each row's loads in turn
+    for (int r = r0; r < min(M, r0 + kParamGradRows); ++r) {
       const float dy = dout[(size_t)r * D + d];
       sg += dy * (in[(size_t)r * D + d] - mean[r]) * rstd[r];
       sb += dy;
@@ -2992,7 +2996,8 @@ __global__ void layernorm_param_grads_kernel(float* dg, float* db, const float* 
 }
 static void layernorm_param_grads(float* dg, float* db, const float* dout, const float* in, const float* mean, const float* rstd,
                                   int M, int D) {
-  LAUNCH(layernorm_param_grads_kernel, (M + kParamGradRows - 1) / kParamGradRows, 256, 0, dg, db, dout, in, mean, rstd, M, D);
+  const dim3 grid((D + kParamGradColumns - 1) / kParamGradColumns, std::clamp((M + kParamGradRows - 1) / kParamGradRows, 1, 65535));
+  LAUNCH(layernorm_param_grads_kernel, grid, kParamGradColumns, 0, dg, db, dout, in, mean, rstd, M, D);
 }
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* in, const float* g, const float* b, int M, int D,
