@@ -2984,7 +2984,6 @@ __global__ void layernorm_param_grads_kernel(float* dg, float* db, const float* 
   if (d >= D) return;
   for (int r0 = blockIdx.y * kParamGradRows; r0 < M; r0 += gridDim.y * kParamGradRows) {  // (past 65,535 row blocks)
     float sg = 0, sb = 0;
-#pragma unroll 8  // eight rows' loads in flight, not one: the loop waited on each row's loads in turn
     for (int r = r0; r < min(M, r0 + kParamGradRows); ++r) {
       const float dy = dout[(size_t)r * D + d];
       sg += dy * (in[(size_t)r * D + d] - mean[r]) * rstd[r];
