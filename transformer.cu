@@ -2494,6 +2494,11 @@ __device__ void stage_rows(float* st, const float (&x)[kRowsPerWarp]) {
 }
 // Four floats at p (16-byte aligned) in one load.
 __device__ float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+// Lane l's x[0..3] from a staging area, as write_rows left them: one 16-byte load.
+__device__ void read_rows(float (&x)[kRowsPerWarp], const float* st, int l) {
+  const float4 v = load4(st + l * kRowsPerWarp);
+  x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
+}
 
 // Rows first .. first + 31 of x's head h ((B, L, D) rows, columns h Dk ..) into a tile (rows attention_ld(Dk)
 // apart); zeros past L and past Dk. Warp w takes rows w, w + 8, ..., a lane 4 columns (where the head's
@@ -2614,8 +2619,8 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)  // 4 blocks an SM: at m
     for (int jj = 0; jj < min(kAttentionTile, Lk - j0); ++jj) {  // (past Lk, and past Lq below, w is 0)
       float vj[kSlots];
       for (int t = 0; t < kSlots; ++t) vj[t] = lane + 32 * t < Dk ? vs[jj * ld + lane + 32 * t] : 0.f;
-      const float4 wj = load4(ws + jj * kRowsPerWarp);  // lane jj's w[0..3]
-      const float wr[kRowsPerWarp] = {wj.x, wj.y, wj.z, wj.w};
+      float wr[kRowsPerWarp];  // lane jj's w
+      read_rows(wr, ws, jj);
       for (int r = 0; r < kRowsPerWarp && i0 + row_of(r) < Lq; ++r)
         for (int t = 0; t < kSlots; ++t) acc[r][t] += wr[r] * vj[t];
     }
@@ -2711,8 +2716,8 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
       for (int jj = 0; jj < min(kAttentionTile, Lk - j0); ++jj) {  // (past Lk, and past Lq below, ds is 0)
         float kj[kSlots];
         for (int t = 0; t < kSlots; ++t) kj[t] = column(ks, jj, t);
-        const float4 dsj = load4(st + jj * kRowsPerWarp);  // lane jj's ds[0..3]
-        const float dsr[kRowsPerWarp] = {dsj.x, dsj.y, dsj.z, dsj.w};
+        float dsr[kRowsPerWarp];  // lane jj's ds
+        read_rows(dsr, st, jj);
         for (int r = 0; r < kRowsPerWarp && i0 + row_of(r) < Lq; ++r)
           for (int t = 0; t < kSlots; ++t) acc[r][t] += dsr[r] * kj[t];
       }
@@ -2772,8 +2777,9 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
       for (int ii = 0; ii < min(kAttentionTile, Lq - i0); ++ii) {  // (past Lq, and past Lk below, ds and p' are 0)
         float qi[kSlots], ci[kSlots];
         for (int t = 0; t < kSlots; ++t) qi[t] = column(qs, ii, t), ci[t] = column(dcs, ii, t);
-        const float4 dsi = load4(st + ii * kRowsPerWarp), pki = load4(st + kStageFloats / 2 + ii * kRowsPerWarp);  // lane ii's
-        const float dsr[kRowsPerWarp] = {dsi.x, dsi.y, dsi.z, dsi.w}, pkr[kRowsPerWarp] = {pki.x, pki.y, pki.z, pki.w};
+        float dsr[kRowsPerWarp], pkr[kRowsPerWarp];  // lane ii's ds and p'
+        read_rows(dsr, st, ii);
+        read_rows(pkr, st + kStageFloats / 2, ii);
         for (int r = 0; r < kRowsPerWarp && j0 + row_of(r) < Lk; ++r)
           for (int t = 0; t < kSlots; ++t) acc[r][t] += dsr[r] * qi[t], acc_v[r][t] += pkr[r] * ci[t];
       }
