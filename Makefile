@@ -196,8 +196,12 @@ $(GRADE_BUILD)/test/bench: $(GRADE_BUILD)/test/bench.o $(GRADE_OBJS)
 
 emu: $(EMU_TESTS)
 
+# CTest runs a test a core (TEST_JOBS; getconf, not nproc, which obeys OMP_NUM_THREADS), the longest first
+# (their COST in test/CTestTestfile.cmake). Waiting OpenMP threads sleep (OMP_WAIT_POLICY=passive): left
+# spinning, two tests' thread teams on the same 2 cores made translate_cli take 196 s instead of 44 s.
+TEST_JOBS ?= $(shell getconf _NPROCESSORS_ONLN)
 test: all emu $(COURSE) $(GRADE_BUILD)/test/bench
-	ctest --test-dir test --output-on-failure $(CTEST_ARGS)
+	OMP_WAIT_POLICY=passive ctest --test-dir test --output-on-failure -j$(TEST_JOBS) $(CTEST_ARGS)
 
 # Bugs planted in copies of transformer.cu, each of which the emulated parity_gpu must catch. A mutant's
 # transformer.cu is compiled with AddressSanitizer alone and line tables only (-g1), in 40% of the time:

@@ -46,3 +46,14 @@ set_tests_properties(parity_gpu_emulated_shuffle PROPERTIES ENVIRONMENT "OMP_WAI
 add_test(sanitize_gpu bash "${ROOT}/test/sanitize_gpu.sh" "${BIN}")
 add_test(bf16_numbers bash "${ROOT}/test/bf16_numbers.sh" "${ROOT}")
 set_tests_properties(parity_gpu sanitize_gpu bf16_numbers PROPERTIES SKIP_RETURN_CODE 77 LABELS gpu)
+# What each long test costs (seconds, plain build, 2-core CI machine), so that `ctest -j` starts the longest
+# first and the short ones fill in beside them.
+set_tests_properties(data_parallel PROPERTIES COST 120)
+set_tests_properties(loss_reads PROPERTIES COST 70)
+set_tests_properties(parity_gpu_emulated_shuffle PROPERTIES COST 66)
+set_tests_properties(train_cli PROPERTIES COST 64)
+set_tests_properties(crash_safety PROPERTIES COST 48)
+set_tests_properties(translate_cli PROPERTIES COST 44)
+set_tests_properties(parity_gpu_emulated_reverse PROPERTIES COST 43)
+set_tests_properties(parity_gpu_emulated PROPERTIES COST 40)
+set_tests_properties(gpu_counts PROPERTIES COST 30)
