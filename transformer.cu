@@ -2503,9 +2503,10 @@ __device__ void read_rows(float (&x)[kRowsPerWarp], const float* st, int l) {
 // Rows first .. first + 31 of x's head h ((B, L, D) rows, columns h Dk ..) into a tile (rows attention_ld(Dk)
 // apart); zeros past L and past Dk. Warp w takes rows w, w + 8, ..., a lane 4 columns (where the head's
 // columns are 16-byte aligned: Dk and D multiples of 4) or one column at a time. The copies go straight
-// to shared memory (__pipeline_memcpy_async: cp.async), all in flight at once, and the thread waits once
-// for its own: a copy through registers waited for each load before the next.
-__device__ void load_head_tile(float* tile, const float* x, int b, int h, int L, int first, int D, int Dk) {
+// to shared memory (__pipeline_memcpy_async: cp.async) and are only issued here: they are all in flight
+// at once, those of several tiles too, until the thread waits for its own (wait_for_copies); a copy
+// through registers waited for each load before the next.
+__device__ void copy_head_tile(float* tile, const float* x, int b, int h, int L, int first, int D, int Dk) {
   const int ld = attention_ld(Dk), lane = threadIdx.x % 32;
   const bool by4 = Dk % 4 == 0 && D % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
   for (int r = threadIdx.x / 32; r < kAttentionTile; r += kAttentionWarps) {
@@ -2522,8 +2523,16 @@ __device__ void load_head_tile(float* tile, const float* x, int b, int h, int L,
         else to[d] = 0.f;
     }
   }
+}
+// Until the calling thread's copies (copy_head_tile) are done; the other threads' are seen after a
+// __syncthreads that follows their own wait.
+__device__ void wait_for_copies() {
   __pipeline_commit();
   __pipeline_wait_prior(0);
+}
+__device__ void load_head_tile(float* tile, const float* x, int b, int h, int L, int first, int D, int Dk) {
+  copy_head_tile(tile, x, b, h, L, first, D, Dk);
+  wait_for_copies();
 }
 
 // dot[r] = (row row_of(r) of tile `rows`) . (row `lane` of tile `lanes`) over Dk columns, for a warp's rows:
@@ -2560,8 +2569,9 @@ __device__ void ctx_tile_to_bf16(bf16* ctx16, const float* ctx, int H, int Lq, i
 // Forward: grid (B H, query tiles). Two passes over the key tiles, the scores s_ij = q_i . k_j / sqrt(Dk) in
 // registers (a lane's key j, a warp's rows i): the first finds each row's max m_i and its sum l_i of
 // exp(s_ij - m_i), rescaled as the max grows; the second writes p_ij = exp(s_ij - m_i) / l_i and sums
-// ctx_i = sum_j p'_ij v_j. Where the keys fit one tile the second pass reuses the first one's scores, so no
-// score is formed twice and none goes through global memory.
+// ctx_i = sum_j p'_ij v_j. Where the keys fit one tile, their tile and the values' are copied with the
+// queries' (one wait, one barrier) and the second pass reuses the first one's scores, so no score is formed
+// twice and none goes through global memory.
 // kSlots = ceil(Dk / 32): the head's columns a lane sums (a template argument, so that the sums stay in
 // registers and no lane loops over columns a smaller head does not have).
 template <int kSlots>
@@ -2581,7 +2591,7 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)  // 4 blocks an SM: at m
   auto row_of = [&](int r) { return (int)threadIdx.x / 32 + r * kAttentionWarps; };  // the warp's r-th row of the tile
   // s[r] = s_ij of the warp's rows i and the lane's key j of the key tile at j0, -inf where j is masked
   auto scores = [&](float (&s)[kRowsPerWarp], int j0) {
-    load_head_tile(ks, k, b, h, Lk, j0, D, Dk);
+    if (Lk > kAttentionTile) load_head_tile(ks, k, b, h, Lk, j0, D, Dk);
     __syncthreads();  // the key tile is loaded
     rows_dot_lanes(s, qs, ks, Dk);
     const int j = j0 + lane;
@@ -2589,7 +2599,9 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)  // 4 blocks an SM: at m
     for (int r = 0; r < kRowsPerWarp; ++r) s[r] = valid && (!causal || j <= i0 + row_of(r)) ? s[r] * scale : -INFINITY;
     __syncthreads();  // the key tile read by all, before the next overwrites it
   };
-  load_head_tile(qs, q, b, h, Lq, i0, D, Dk);
+  copy_head_tile(qs, q, b, h, Lq, i0, D, Dk);
+  if (Lk <= kAttentionTile) copy_head_tile(ks, k, b, h, Lk, 0, D, Dk), copy_head_tile(vs, v, b, h, Lk, 0, D, Dk);
+  wait_for_copies();
   float s[kRowsPerWarp], m[kRowsPerWarp], l[kRowsPerWarp];
   for (int r = 0; r < kRowsPerWarp; ++r) m[r] = -INFINITY, l[r] = 0;
   for (int j0 = 0; j0 < Lk; j0 += kAttentionTile) {  // the rows' max and sum of exponentials
@@ -2604,8 +2616,7 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)  // 4 blocks an SM: at m
   }
   float acc[kRowsPerWarp][kSlots] = {};
   for (int j0 = 0; j0 < Lk; j0 += kAttentionTile) {
-    if (Lk > kAttentionTile) scores(s, j0);  // else s holds the only tile's scores
-    load_head_tile(vs, v, b, h, Lk, j0, D, Dk);
+    if (Lk > kAttentionTile) scores(s, j0), load_head_tile(vs, v, b, h, Lk, j0, D, Dk);  // else s holds the only tile's scores
     float w[kRowsPerWarp];  // p'_ij of the warp's rows i and the lane's key j: dropped out or scaled
     for (int r = 0; r < kRowsPerWarp; ++r) {
       const int i = i0 + row_of(r), j = j0 + lane;
@@ -2671,15 +2682,21 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
   auto row_of = [&](int r) { return warp + r * kAttentionWarps; };  // the warp's r-th row of a tile
   // forward was: ctx_i = sum_j p'_ij v_j (p'_ij = p_ij keep_ij), p_i = softmax(s_i), s_ij = scale q_i . k_j
   // so now: dp_ij = keep_ij (dctx_i . v_j), ds_ij = p_ij (dp_ij - sum_l p_il dp_il)
-  // row_sums(rd, dot, dcs, stream, i0): rd[r] = sum_j p_ij dp_ij for the warp's rows i = i0 + row_of(r),
+  // Where the keys fit one tile, a block copies all three of its first tiles at once (one wait, one barrier).
+  // (Lk <= kAttentionTile is written out each time: held in a bool, it took a register, and ptxas spilled
+  // twice as often in the loop of the dK and dV sums at Dk 64, 16 local loads and stores a pass, not 8.)
+  // row_sums(rd, dot, dcs, stream, i0, copied): rd[r] = sum_j p_ij dp_ij for the warp's rows i = i0 + row_of(r),
   // their dctx rows in the tile dcs, over the key tiles in order, each one's values loaded into the tile
-  // stream; it leaves the last key tile in stream and its dctx_i . v_j (the lane's key j) in dot
-  auto row_sums = [&](float (&rd)[kRowsPerWarp], float (&dot)[kRowsPerWarp], const float* dcs, float* stream, int i0) {
+  // stream (or copied there already, with dcs: copied, where the keys fit one tile); it leaves the last key
+  // tile in stream and its dctx_i . v_j (the lane's key j) in dot
+  auto row_sums = [&](float (&rd)[kRowsPerWarp], float (&dot)[kRowsPerWarp], const float* dcs, float* stream, int i0, bool copied) {
     for (int r = 0; r < kRowsPerWarp; ++r) rd[r] = 0;
     for (int j0 = 0; j0 < Lk; j0 += kAttentionTile) {
-      __syncthreads();  // dcs is loaded, and stream read by all
-      load_head_tile(stream, v, b, h, Lk, j0, D, Dk);
-      __syncthreads();
+      __syncthreads();  // dcs is loaded, and stream read by all (or copied)
+      if (!copied) {
+        load_head_tile(stream, v, b, h, Lk, j0, D, Dk);
+        __syncthreads();
+      }
       rows_dot_lanes(dot, dcs, stream, Dk);
       for (int r = 0; r < kRowsPerWarp && i0 + row_of(r) < Lq; ++r) {
         const int i = i0 + row_of(r), j = j0 + lane;
@@ -2695,18 +2712,20 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
   if ((int)blockIdx.y < query_tiles) {  // dq_i = scale sum_j ds_ij k_j for the tile's queries
     const int i0 = blockIdx.y * kAttentionTile;
     float *dcs = t0, *ks = t1, *vs = t2;
-    load_head_tile(dcs, dctx, b, h, Lq, i0, D, Dk);
+    copy_head_tile(dcs, dctx, b, h, Lq, i0, D, Dk);
+    if (Lk <= kAttentionTile) copy_head_tile(vs, v, b, h, Lk, 0, D, Dk), copy_head_tile(ks, k, b, h, Lk, 0, D, Dk);
+    wait_for_copies();
     float rd[kRowsPerWarp], ds[kRowsPerWarp];
     float dot[kRowsPerWarp];  // dctx_i . v_j for the warp's rows i and the lane's key j
-    row_sums(rd, dot, dcs, vs, i0);
+    row_sums(rd, dot, dcs, vs, i0, Lk <= kAttentionTile);
     for (int j0 = 0; j0 < Lk; j0 += kAttentionTile) {
-      load_head_tile(ks, k, b, h, Lk, j0, D, Dk);
-      if (Lk > kAttentionTile) {  // else the only key tile's values and dot products are row_sums'
-        load_head_tile(vs, v, b, h, Lk, j0, D, Dk);
+      if (Lk > kAttentionTile) {  // else the only key tile is in ks, and its values and dot products are row_sums'
+        copy_head_tile(ks, k, b, h, Lk, j0, D, Dk);
+        copy_head_tile(vs, v, b, h, Lk, j0, D, Dk);
+        wait_for_copies();
         __syncthreads();
         rows_dot_lanes(dot, dcs, vs, Dk);
       }
-      __syncthreads();
       for (int r = 0; r < kRowsPerWarp; ++r) {
         const int i = i0 + row_of(r), j = j0 + lane;
         const float pij = i < Lq && j < Lk ? p[at(i, j)] : 0.f;
@@ -2732,18 +2751,20 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
   } else {  // dk_j = scale sum_i ds_ij q_i, dv_j = sum_i p'_ij dctx_i for the tile's keys
     const int j0 = (blockIdx.y - query_tiles) * kAttentionTile;
     float *vks = t0, *qs = t1, *dcs = t2;  // the tile's values; a tile of queries and their dctx rows
-    load_head_tile(vks, v, b, h, Lk, j0, D, Dk);
+    copy_head_tile(vks, v, b, h, Lk, j0, D, Dk);  // waited for with the first query tile's copies
     float ds[kRowsPerWarp], pk[kRowsPerWarp];
     for (int i0 = 0; i0 < Lq; i0 += kAttentionTile) {
-      load_head_tile(dcs, dctx, b, h, Lq, i0, D, Dk);
+      copy_head_tile(dcs, dctx, b, h, Lq, i0, D, Dk);
       float dot[kRowsPerWarp];  // dctx_i . v_j for the lane's query i and the warp's keys j
       if (Lk > kAttentionTile) {
+        wait_for_copies();
         float rd[kRowsPerWarp];
-        row_sums(rd, dot, dcs, qs, i0);  // the query tile's space streams the values first
+        row_sums(rd, dot, dcs, qs, i0, false);  // the query tile's space streams the values first
         for (int r = 0; r < kRowsPerWarp; ++r)
           if (lane == 0) rowdot[row_of(r)] = rd[r];
       }
-      load_head_tile(qs, q, b, h, Lq, i0, D, Dk);
+      copy_head_tile(qs, q, b, h, Lq, i0, D, Dk);
+      wait_for_copies();
       __syncthreads();
       rows_dot_lanes(dot, vks, dcs, Dk);
       // sum_l p_il dp_il for the lane's query i: row_sums', or where the keys fit this one tile, from these

@@ -27,7 +27,7 @@ mutants=(
   "wrong leading dimension in cublasSgemm (A with ldb)|&one, B.f, ldb, A.f, lda,|&one, B.f, ldb, A.f, ldb,"
   "write past the end by the last row (LayerNorm's mean)|y[d] = (x[d] - mu) * rs * g[d] + b[d];\n  if (lane == 0) mean[r] = mu,|y[d] = (x[d] - mu) * rs * g[d] + b[d];\n  if (lane == 0) mean[r + (r + 1 == M)] = mu,"
   "accumulating output not zeroed (the gradients between steps)|    gpu::fill(grads, 0, n);\n    CUDA_CHECK(cudaMemsetAsync(step_loss|    CUDA_CHECK(cudaMemsetAsync(step_loss"
-  "race on a shared array (attention backward's row sums read before all are written)|load_head_tile(qs, q, b, h, Lq, i0, D, Dk);\n      __syncthreads();|load_head_tile(qs, q, b, h, Lq, i0, D, Dk);"
+  "race on a shared array (attention backward's row sums read before all are written)|copy_head_tile(qs, q, b, h, Lq, i0, D, Dk);\n      wait_for_copies();\n      __syncthreads();|copy_head_tile(qs, q, b, h, Lq, i0, D, Dk);\n      wait_for_copies();"
   "stale bf16 copy of the parameters (Adam's pass leaves it)|    if (copy) copy[i] = __float2bfloat16(params[i]);\n|"
   "a product's two bf16 operands rounded into one scratch buffer (project_backward)|d, O, operand(w, (size_t)I * O, kRight), O,|d, O, operand(w, (size_t)I * O, kLeft), O,"
   "a CUDA graph that replays its capture's dropout masks (the step not read from device memory)|graphed ? dropout_step : nullptr};|nullptr};"
@@ -38,7 +38,7 @@ mutants=(
   "a deferred zero fill taken by an op that writes less than all of it (the range's start matched, not its length)|return f.p == p && f.n == n;|return f.p == p;"
   "an op that takes a deferred zero fill and still adds into the buffer (the residual's backward, dy)|dy[i] = (add_dy ? dy[i] : 0.f) +|dy[i] = dy[i] +"
   "b1's gradient stored by each block of the FFN's gate pass, not added (a lost update)|atomicAdd(&db[c], sum);|db[c] = sum;"
-  "a tile's asynchronous copies not waited for (load_head_tile: the tile read while its copies may still be in flight)|  __pipeline_commit();\n  __pipeline_wait_prior(0);\n|  __pipeline_commit();\n"
+  "a tile's asynchronous copies not waited for (wait_for_copies: the tiles read while their copies may still be in flight)|  __pipeline_commit();\n  __pipeline_wait_prior(0);\n|  __pipeline_commit();\n"
   "a CUDA graph of the update that replays its capture's Adam step (staged only while captured)|*staged_adam = gpu::adam_step(lr, c.beta1, c.beta2, m.step);\n    const auto work = [&] {\n|const auto work = [&] {\n      *staged_adam = gpu::adam_step(lr, c.beta1, c.beta2, m.step);\n"
 )
 
