@@ -2972,58 +2972,63 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
   // END SOLUTION
 }
 
-// The input gradient of row r (this warp's): add(i, dx_i) for each of its elements i = r D + d.
+// LayerNorm's backward, one warp per row, kLayerNormRowsPerWarp rows a warp (strided over the grid): the
+// input gradient of each row, add(i, dx_i) for each of its elements i = r D + d, and the parameters'
+// gradients dg += sum_rows dy xhat, db += sum_rows dy in the same pass over dy and x (a pass of their own
+// read both again: 24.7 us of an H100's time for each of a base step's 30, 2026-11-27). Each warp sums
+// its rows' terms column by column into its own part of the shared memory (a lane its own columns: no
+// atomics), then the block's threads add the warps' sums, in warp order, to dg and db: one atomicAdd per
+// column and block (a step's 8192 rows make 256 blocks, as many as the pass of its own added from), and a
+// block's sums do not depend on how its warps were scheduled.
+constexpr int kLayerNormRowsPerWarp = 4;
+static unsigned layernorm_backward_blocks(int M) { return (M + kWarpRows * kLayerNormRowsPerWarp - 1) / (kWarpRows * kLayerNormRowsPerWarp); }
+// The warps' sums: (kWarpRows, 2, D) floats, over the 48 KiB a launch gets without asking from D = 769 (the
+// paper's big model, D = 1024, takes 64 KiB).
+template <typename K> static size_t layernorm_backward_shared(K kernel, int D) {
+  const size_t bytes = (size_t)kWarpRows * 2 * D * sizeof(float);
+  if (bytes > kDefaultSharedBytes)
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)std::min<size_t>(bytes, std::numeric_limits<int>::max())));
+  return bytes;
+}
 template <typename Add>
-__device__ void layernorm_row_backward(size_t r, const float* dout, const float* in, const float* g, const float* mean,
-                                       const float* rstd, int D, Add add) {
+__device__ void layernorm_rows_backward(float* dg, float* db, const float* dout, const float* in, const float* g, const float* mean,
+                                        const float* rstd, int M, int D, Add add) {
   const int lane = threadIdx.x % 32;
-  const float* x = in + r * D;
-  const float* dy = dout + r * D;
-  float m1 = 0, m2 = 0;
-  for (int d = lane; d < D; d += 32) {
-    const float xhat = (x[d] - mean[r]) * rstd[r];
-    m1 += dy[d] * g[d];
-    m2 += dy[d] * g[d] * xhat;
-  }
-  m1 = warp_sum(m1) / D;
-  m2 = warp_sum(m2) / D;
-  for (int d = lane; d < D; d += 32) {
-    const float xhat = (x[d] - mean[r]) * rstd[r];
-    add(r * D + d, rstd[r] * (dy[d] * g[d] - m1 - xhat * m2));
-  }
-}
-
-// din of one row (one warp per row), added (add), or written where din was taken zeroed (took_zero_fill);
-// the parameters' gradients are layernorm_param_grads_kernel's.
-__global__ void layernorm_backward_kernel(float* din, const float* dout, const float* in, const float* g, const float* mean,
-                                          const float* rstd, int M, int D, bool add) {
-  const int r = warp_row();
-  if (r < M) layernorm_row_backward(r, dout, in, g, mean, rstd, D, [=](size_t i, float dx) { din[i] = (add ? din[i] : 0.f) + dx; });
-}
-
-// dg += sum_rows dy xhat, db += sum_rows dy: a thread sums one column over kParamGradRows rows, then adds
-// once; grid (column blocks of kParamGradColumns, row blocks), so that a step's 8192 x 512 gradient makes
-// 1,024 blocks (four warps each) and fills the GPU, where one block a row block left it a quarter full.
-constexpr int kParamGradRows = 32, kParamGradColumns = 128;
-__global__ void layernorm_param_grads_kernel(float* dg, float* db, const float* dout, const float* in, const float* mean,
-                                             const float* rstd, int M, int D) {
-  const int d = blockIdx.x * kParamGradColumns + threadIdx.x;
-  if (d >= D) return;
-  for (int r0 = blockIdx.y * kParamGradRows; r0 < M; r0 += gridDim.y * kParamGradRows) {  // (past 65,535 row blocks)
-    float sg = 0, sb = 0;
-    for (int r = r0; r < min(M, r0 + kParamGradRows); ++r) {
-      const float dy = dout[(size_t)r * D + d];
-      sg += dy * (in[(size_t)r * D + d] - mean[r]) * rstd[r];
-      sb += dy;
+  float* sums = dynamic_shared<float>();               // (kWarpRows, 2, D)
+  float* sg = sums + (size_t)threadIdx.x / 32 * 2 * D;  // this warp's sums of dy xhat, then of dy
+  float* sb = sg + D;
+  for (int d = lane; d < D; d += 32) sg[d] = 0, sb[d] = 0;
+  for (size_t r = warp_row(); r < (size_t)M; r += (size_t)gridDim.x * kWarpRows) {
+    const float* x = in + r * D;
+    const float* dy = dout + r * D;
+    float m1 = 0, m2 = 0;
+    for (int d = lane; d < D; d += 32) {
+      const float xhat = (x[d] - mean[r]) * rstd[r];
+      m1 += dy[d] * g[d];
+      m2 += dy[d] * g[d] * xhat;
+      sg[d] += dy[d] * xhat;
+      sb[d] += dy[d];
     }
-    atomicAdd(&dg[d], sg);
-    atomicAdd(&db[d], sb);
+    m1 = warp_sum(m1) / D;
+    m2 = warp_sum(m2) / D;
+    for (int d = lane; d < D; d += 32) {
+      const float xhat = (x[d] - mean[r]) * rstd[r];
+      add(r * D + d, rstd[r] * (dy[d] * g[d] - m1 - xhat * m2));
+    }
+  }
+  __syncthreads();  // every warp's column sums written
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float s_g = 0, s_b = 0;
+    for (int w = 0; w < kWarpRows; ++w) s_g += sums[(size_t)w * 2 * D + d], s_b += sums[(size_t)w * 2 * D + D + d];
+    atomicAdd(&dg[d], s_g);
+    atomicAdd(&db[d], s_b);
   }
 }
-static void layernorm_param_grads(float* dg, float* db, const float* dout, const float* in, const float* mean, const float* rstd,
-                                  int M, int D) {
-  const dim3 grid((D + kParamGradColumns - 1) / kParamGradColumns, std::clamp((M + kParamGradRows - 1) / kParamGradRows, 1, 65535));
-  LAUNCH(layernorm_param_grads_kernel, grid, kParamGradColumns, 0, dg, db, dout, in, mean, rstd, M, D);
+
+// din added (add), or written where din was taken zeroed (took_zero_fill); dg and db added.
+__global__ void layernorm_backward_kernel(float* din, float* dg, float* db, const float* dout, const float* in, const float* g,
+                                          const float* mean, const float* rstd, int M, int D, bool add) {
+  layernorm_rows_backward(dg, db, dout, in, g, mean, rstd, M, D, [=](size_t i, float dx) { din[i] = (add ? din[i] : 0.f) + dx; });
 }
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* in, const float* g, const float* b, int M, int D,
@@ -3035,8 +3040,8 @@ void layernorm_backward(float* din, float* dg, float* db, const float* dout, con
                         const float* mean, const float* rstd, int M, int D) {
   if (M == 0) return;
   const bool add = !took_zero_fill(din, (size_t)M * D);
-  LAUNCH(layernorm_backward_kernel, warp_row_blocks(M), kWarpRowThreads, 0, din, dout, in, g, mean, rstd, M, D, add);
-  layernorm_param_grads(dg, db, dout, in, mean, rstd, M, D);
+  LAUNCH(layernorm_backward_kernel, layernorm_backward_blocks(M), kWarpRowThreads, layernorm_backward_shared(layernorm_backward_kernel, D),
+         din, dg, db, dout, in, g, mean, rstd, M, D, add);
 }
 
 // x + Dropout(y) of element i: the sub-layer's output dropped and added to its input [§3.1, §5.4]
@@ -3084,16 +3089,14 @@ __global__ void residual_dropout_backward_kernel(float* dx, float* dy, bf16* dy1
   drop = at_step(drop);
   GRID_STRIDE(i, n) residual_dropout_add(dx, dy, dy16, dout[i], drop, scale, i, add_dx, add_dy);
 }
-// One warp per row: LayerNorm's input gradient of the row, straight into the residual's two paths.
-__global__ void residual_dropout_layernorm_backward_kernel(float* dx, float* dy, bf16* dy16, const float* dout, const float* sum,
-                                                           const float* g, const float* mean, const float* rstd, DropoutKey drop,
-                                                           float scale, int M, int D, bool add_dx, bool add_dy) {
+// LayerNorm's backward (its input gradient straight into the residual's two paths, and dg and db).
+__global__ void residual_dropout_layernorm_backward_kernel(float* dx, float* dy, bf16* dy16, float* dg, float* db, const float* dout,
+                                                           const float* sum, const float* g, const float* mean, const float* rstd,
+                                                           DropoutKey drop, float scale, int M, int D, bool add_dx, bool add_dy) {
   drop = at_step(drop);
-  const int r = warp_row();
-  if (r < M)
-    layernorm_row_backward(r, dout, sum, g, mean, rstd, D, [=](size_t i, float dsum) {
-      residual_dropout_add(dx, dy, dy16, dsum, drop, scale, i, add_dx, add_dy);
-    });
+  layernorm_rows_backward(dg, db, dout, sum, g, mean, rstd, M, D, [=](size_t i, float dsum) {
+    residual_dropout_add(dx, dy, dy16, dsum, drop, scale, i, add_dx, add_dy);
+  });
 }
 void residual_dropout_forward(float* out, const float* x, const float* y, DropoutKey drop, size_t n) {
   if (n) LAUNCH(residual_dropout_kernel, blocks_for(n), 256, 0, out, x, y, drop, (float)dropout_scale(drop), n);
@@ -3114,9 +3117,9 @@ void residual_dropout_layernorm_backward(float* dx, float* dy, float* dg, float*
                                          const float* g, const float* mean, const float* rstd, DropoutKey drop, int M, int D) {
   if (M == 0) return;
   const bool add_dx = !took_zero_fill(dx, (size_t)M * D), add_dy = !took_zero_fill(dy, (size_t)M * D);
-  LAUNCH(residual_dropout_layernorm_backward_kernel, warp_row_blocks(M), kWarpRowThreads, 0, dx, dy, bf16_twin_of(dy, (size_t)M * D),
-         dout, sum, g, mean, rstd, drop, (float)dropout_scale(drop), M, D, add_dx, add_dy);
-  layernorm_param_grads(dg, db, dout, sum, mean, rstd, M, D);
+  LAUNCH(residual_dropout_layernorm_backward_kernel, layernorm_backward_blocks(M), kWarpRowThreads,
+         layernorm_backward_shared(residual_dropout_layernorm_backward_kernel, D), dx, dy,
+         bf16_twin_of(dy, (size_t)M * D), dg, db, dout, sum, g, mean, rstd, drop, (float)dropout_scale(drop), M, D, add_dx, add_dy);
 }
 
 // ---- §3.4 the pre-softmax projection (the shared embedding) ------------------------------------------

@@ -39,6 +39,7 @@ mutants=(
   "an op that takes a deferred zero fill and still adds into the buffer (the residual's backward, dy)|dy[i] = (add_dy ? dy[i] : 0.f) +|dy[i] = dy[i] +"
   "b1's gradient stored by each block of the FFN's gate pass, not added (a lost update)|atomicAdd(&db[c], sum);|db[c] = sum;"
   "a tile's asynchronous copies not waited for (wait_for_copies: the tiles read while their copies may still be in flight)|  __pipeline_commit();\n  __pipeline_wait_prior(0);\n|  __pipeline_commit();\n"
+  "LayerNorm's column sums added to dg and db before every warp of the block has written its own (the barrier removed)|  __syncthreads();  // every warp's column sums written\n|"
   "a CUDA graph of the update that replays its capture's Adam step (staged only while captured)|*staged_adam = gpu::adam_step(lr, c.beta1, c.beta2, m.step);\n    const auto work = [&] {\n|const auto work = [&] {\n      *staged_adam = gpu::adam_step(lr, c.beta1, c.beta2, m.step);\n"
 )
 
