@@ -3001,9 +3001,10 @@ __device__ void layernorm_rows_backward(float* dg, float* db, const float* dout,
   for (size_t r = warp_row(); r < (size_t)M; r += (size_t)gridDim.x * kWarpRows) {
     const float* x = in + r * D;
     const float* dy = dout + r * D;
+    const float mu = mean[r], rs = rstd[r];  // (read once: add's stores might alias them for all nvcc knows)
     float m1 = 0, m2 = 0;
     for (int d = lane; d < D; d += 32) {
-      const float xhat = (x[d] - mean[r]) * rstd[r];
+      const float xhat = (x[d] - mu) * rs;
       m1 += dy[d] * g[d];
       m2 += dy[d] * g[d] * xhat;
       sg[d] += dy[d] * xhat;
@@ -3012,8 +3013,8 @@ __device__ void layernorm_rows_backward(float* dg, float* db, const float* dout,
     m1 = warp_sum(m1) / D;
     m2 = warp_sum(m2) / D;
     for (int d = lane; d < D; d += 32) {
-      const float xhat = (x[d] - mean[r]) * rstd[r];
-      add(r * D + d, rstd[r] * (dy[d] * g[d] - m1 - xhat * m2));
+      const float xhat = (x[d] - mu) * rs;
+      add(r * D + d, rs * (dy[d] * g[d] - m1 - xhat * m2));
     }
   }
   __syncthreads();  // every warp's column sums written
