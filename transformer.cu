@@ -2981,13 +2981,16 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
 // column and block (a step's 8192 rows make 256 blocks, as many as the pass of its own added from), and a
 // block's sums do not depend on how its warps were scheduled.
 constexpr int kLayerNormRowsPerWarp = 4;
-static unsigned layernorm_backward_blocks(int M) { return (M + kWarpRows * kLayerNormRowsPerWarp - 1) / (kWarpRows * kLayerNormRowsPerWarp); }
+static unsigned layernorm_backward_blocks(int M) {
+  return (M + kWarpRows * kLayerNormRowsPerWarp - 1) / (kWarpRows * kLayerNormRowsPerWarp);
+}
 // The warps' sums: (kWarpRows, 2, D) floats, over the 48 KiB a launch gets without asking from D = 769 (the
 // paper's big model, D = 1024, takes 64 KiB).
 template <typename K> static size_t layernorm_backward_shared(K kernel, int D) {
   const size_t bytes = (size_t)kWarpRows * 2 * D * sizeof(float);
   if (bytes > kDefaultSharedBytes)
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)std::min<size_t>(bytes, std::numeric_limits<int>::max())));
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)std::min<size_t>(bytes, std::numeric_limits<int>::max())));
   return bytes;
 }
 template <typename Add>
