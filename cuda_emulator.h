@@ -15,8 +15,9 @@
 //   - launches are refused as CUDA refuses them (cudaErrorInvalidConfiguration for more than 1024
 //     threads or a zero grid, cudaErrorInvalidValue for dynamic shared memory over 48 KiB unless raised
 //     with cudaFuncSetAttribute);
-//   - cuBLAS (cublasSgemm, cublasSgemmStridedBatched, cublasGemmEx on fp32 or bf16 operands) computes by
-//     cpu::gemm with cuBLAS's argument checks; TF32 math rounds fp32 operands as the tensor cores do;
+//   - cuBLAS (cublasSgemm, cublasSgemmStridedBatched, cublasGemmEx and cublasGemmStridedBatchedEx on fp32 or
+//     bf16 operands) computes by cpu::gemm with cuBLAS's argument checks; TF32 math rounds fp32 operands as
+//     the tensor cores do;
 //   - device allocations are separate host allocations filled with NaN bytes (AddressSanitizer sees an
 //     access past their end; a read of memory nothing wrote shows as NaN); copies must stay inside them;
 //   - streams run their work at once, unless one is being captured: its launches, async copies, memsets
@@ -1257,16 +1258,28 @@ inline cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublas
                                   const float* A, int lda, const float* B, int ldb, const float* beta, float* C, int ldc) {
   return emu::gemm(h, "cublasSgemm", ta, tb, m, n, k, alpha, A, B, CUDA_R_32F, lda, ldb, beta, C, ldc);
 }
-inline cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
-                                                const float* alpha, const float* A, int lda, long long stride_a, const float* B, int ldb,
-                                                long long stride_b, const float* beta, float* C, int ldc, long long stride_c, int batches) {
+namespace emu {
+// batches products, operand i of each `stride` elements after operand i - 1 (0: one operand for all); one
+// call, counted once
+inline cublasStatus_t gemm_strided_batched(cublasHandle_t h, const char* call, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                                           int k, const float* alpha, const void* A, long long stride_a, const void* B,
+                                           long long stride_b, cudaDataType_t type, int lda, int ldb, const float* beta, float* C,
+                                           long long stride_c, int ldc, int batches) {
   if (batches < 0) return CUBLAS_STATUS_INVALID_VALUE;
+  const size_t element = type == CUDA_R_16BF ? 2 : 4;
   for (int i = 0; i < batches; ++i) {
-    const cublasStatus_t s = emu::gemm(h, "cublasSgemmStridedBatched", ta, tb, m, n, k, alpha, A + i * stride_a, B + i * stride_b,
-                                       CUDA_R_32F, lda, ldb, beta, C + i * stride_c, ldc, i == 0);  // one call, counted once
+    const cublasStatus_t s = gemm(h, call, ta, tb, m, n, k, alpha, (const char*)A + i * stride_a * element,
+                                  (const char*)B + i * stride_b * element, type, lda, ldb, beta, C + i * stride_c, ldc, i == 0);
     if (s != CUBLAS_STATUS_SUCCESS) return s;
   }
   return CUBLAS_STATUS_SUCCESS;
+}
+}  // namespace emu
+inline cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                                                const float* alpha, const float* A, int lda, long long stride_a, const float* B, int ldb,
+                                                long long stride_b, const float* beta, float* C, int ldc, long long stride_c, int batches) {
+  return emu::gemm_strided_batched(h, "cublasSgemmStridedBatched", ta, tb, m, n, k, alpha, A, stride_a, B, stride_b, CUDA_R_32F, lda,
+                                   ldb, beta, C, stride_c, ldc, batches);
 }
 // cublasGemmEx for what the GPU section asks of it: A and B both fp32 or both bf16, C fp32, fp32 arithmetic
 // (CUBLAS_COMPUTE_32F); any other combination is CUBLAS_STATUS_NOT_SUPPORTED here.
@@ -1277,4 +1290,15 @@ inline cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cubla
   if (a_type != b_type || (a_type != CUDA_R_32F && a_type != CUDA_R_16BF) || c_type != CUDA_R_32F || compute != CUBLAS_COMPUTE_32F)
     return CUBLAS_STATUS_NOT_SUPPORTED;
   return emu::gemm(h, "cublasGemmEx", ta, tb, m, n, k, (const float*)alpha, A, B, a_type, lda, ldb, (const float*)beta, (float*)C, ldc);
+}
+// cublasGemmStridedBatchedEx likewise: cublasGemmEx's types, `batches` products strided as cublasSgemmStridedBatched's
+inline cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                                                 const void* alpha, const void* A, cudaDataType_t a_type, int lda, long long stride_a,
+                                                 const void* B, cudaDataType_t b_type, int ldb, long long stride_b, const void* beta,
+                                                 void* C, cudaDataType_t c_type, int ldc, long long stride_c, int batches,
+                                                 cublasComputeType_t compute, cublasGemmAlgo_t) {
+  if (a_type != b_type || (a_type != CUDA_R_32F && a_type != CUDA_R_16BF) || c_type != CUDA_R_32F || compute != CUBLAS_COMPUTE_32F)
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  return emu::gemm_strided_batched(h, "cublasGemmStridedBatchedEx", ta, tb, m, n, k, (const float*)alpha, A, stride_a, B, stride_b,
+                                   a_type, lda, ldb, (const float*)beta, (float*)C, stride_c, ldc, batches);
 }

@@ -2289,8 +2289,9 @@ std::vector<float> bf16_copy(const float* p, size_t n) {
 }
 // Scratch for rounded operands, one per role, grown when a larger one is needed: a product's left and
 // right operands, an input that several products share (rounded once for all of them), and the attention
-// backward's three gradients, which its kernel rounds as it writes them (each read by later products).
-enum Slot { kLeft, kRight, kShared, kDq, kDk, kDv, kSlots };
+// backward's three gradients, which its kernel rounds as it writes them (read by later products), one after
+// another.
+enum Slot { kLeft, kRight, kShared, kDqkv, kSlots };
 static bf16* bf16_scratch(Slot slot, size_t n) {
   static bf16* p[kSlots] = {};
   static size_t size[kSlots] = {};
@@ -2320,18 +2321,31 @@ static bf16* rounded_in_pass(size_t n, Slot slot = kLeft) { return products() ==
 static size_t extent(int rows, int cols, int ld) { return rows == 0 || cols == 0 ? 0 : (size_t)(rows - 1) * ld + cols; }
 
 // ---- matrix products: cuBLAS is column-major, so C^T = op(B)^T op(A)^T is computed ------------------
+// Products of the same shape in one call (strided-batched): product i reads A + i a, B + i b and writes
+// C + i c (a stride of 0: one operand that every product reads), in elements of the operands as read.
+struct Batch {
+  int count = 1;
+  long long a = 0, b = 0, c = 0;
+};
 // Both operands in bf16: cublasGemmEx on the tensor cores, fp32 sums; otherwise SGEMM (fp32, or TF32 math).
 static void gemm_operands(bool ta, bool tb, int M, int N, int K, Operand A, int lda, Operand B, int ldb, float* C, int ldc,
-                          bool accumulate) {
+                          bool accumulate, Batch batch = {}) {
   if (M == 0 || N == 0) return;
   launch_deferred_fills();  // cuBLAS's kernels are not LAUNCH's
   const float one = 1, beta = accumulate ? 1.f : 0.f;
   const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-  if (A.h && B.h)
+  if (A.h && B.h && batch.count == 1)
     CUBLAS_CHECK(cublasGemmEx(blas(), opb, opa, N, M, K, &one, B.h, CUDA_R_16BF, ldb, A.h, CUDA_R_16BF, lda, &beta, C, CUDA_R_32F, ldc,
                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  else
+  else if (A.h && B.h)
+    CUBLAS_CHECK(cublasGemmStridedBatchedEx(blas(), opb, opa, N, M, K, &one, B.h, CUDA_R_16BF, ldb, batch.b, A.h, CUDA_R_16BF, lda,
+                                            batch.a, &beta, C, CUDA_R_32F, ldc, batch.c, batch.count, CUBLAS_COMPUTE_32F,
+                                            CUBLAS_GEMM_DEFAULT));
+  else if (batch.count == 1)
     CUBLAS_CHECK(cublasSgemm(blas(), opb, opa, N, M, K, &one, B.f, ldb, A.f, lda, &beta, C, ldc));
+  else
+    CUBLAS_CHECK(cublasSgemmStridedBatched(blas(), opb, opa, N, M, K, &one, B.f, ldb, batch.b, A.f, lda, batch.a, &beta, C, ldc, batch.c,
+                                           batch.count));
 }
 void gemm(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc,
           bool accumulate) {
@@ -2348,6 +2362,30 @@ static void project(float* out, Operand in, const float* w, int M, int I, int O)
 static void project_backward(float* din, bool add_din, float* dw, Operand d, Operand in, const float* w, int M, int I, int O) {
   if (din) gemm_operands(false, true, M, I, O, d, O, operand(w, (size_t)I * O, kRight), O, din, I, add_din);
   if (dw) gemm_operands(true, false, I, O, M, in, I, d, O, dw, O, true);
+}
+// Projections of one input by weights that lie evenly apart (the parameter layout keeps an attention's wq,
+// wk and wv one after another), each product of the same shape: one strided-batched call, not one each.
+// The common distance of buffers that lie evenly apart in ascending order, each n elements or more from the
+// next (none overlaps), else 0.
+template <typename T> static ptrdiff_t even_stride(std::initializer_list<const T*> p, size_t n) {
+  const ptrdiff_t s = p.size() < 2 ? 0 : p.begin()[1] - p.begin()[0];
+  for (size_t i = 1; i < p.size(); ++i)
+    if (p.begin()[i] - p.begin()[i - 1] != s) return 0;
+  return s >= (ptrdiff_t)n && n > 0 ? s : 0;
+}
+// Whether weights of n elements each lie one right after another (then they are one operand: in bf16 their
+// copy's elements, or rounded at once, with nothing read between them)
+static bool weights_adjacent(std::initializer_list<const float*> w, size_t n) { return even_stride(w, n) == (ptrdiff_t)n; }
+// out_i = in @ w_i for the count adjacent weights w_i = w + i I O (I x O each), out_i = out + i out_stride
+static void project_batched(float* out, ptrdiff_t out_stride, Operand in, const float* w, int count, int M, int I, int O) {
+  const Operand ws = operand(w, (size_t)count * I * O, kRight);
+  gemm_operands(false, false, M, O, I, in, I, ws, O, out, O, false, Batch{count, 0, (long long)I * O, out_stride});
+}
+// Their weights' gradients, dw_i += in^T @ d_i, dw_i = dw + i dw_stride, d_i = d + i d_stride (in the
+// elements the product reads: d's bf16 ones where it has them)
+static void weight_grads_batched(float* dw, ptrdiff_t dw_stride, Operand in, Operand d, ptrdiff_t d_stride, int count, int M, int I,
+                                 int O) {
+  gemm_operands(true, false, I, O, M, in, I, d, O, dw, O, true, Batch{count, 0, d_stride, dw_stride});
 }
 
 // The grid of a pass over a row-major (M, cols) matrix that gives a thread a column (the grid's x, blocks of
@@ -2871,12 +2909,20 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dctx, cons
 void multihead_attention_forward(float* out, const AttentionActs<float>& a, const float* xq, const float* xkv,
                                  const AttentionWeights<float>& w, const uint8_t* key_valid, bool causal, DropoutKey drop,
                                  int B, int Lq, int Lk, int D, int H) {
-  // [§3.2.2] Q = xq Wq, K = xkv Wk, V = xkv Wv; Concat(heads) W^O. In bf16 each input is rounded once.
-  const Operand q_in = operand(xq, (size_t)B * Lq * D, kShared);
-  const Operand kv_in = xkv == xq ? q_in : operand(xkv, (size_t)B * Lk * D, kLeft);
-  project(a.q, q_in, w.wq, B * Lq, D, D);
-  project(a.k, kv_in, w.wk, B * Lk, D, D);
-  project(a.v, kv_in, w.wv, B * Lk, D, D);
+  // [§3.2.2] Q = xq Wq, K = xkv Wk, V = xkv Wv; Concat(heads) W^O. In bf16 each input is rounded once. The
+  // projections of one input are one product where their weights and outputs lie evenly apart (the model's
+  // do; an op's caller may pass any buffers): Q, K and V in self-attention, K and V in the decoder's second.
+  const size_t nq = (size_t)B * Lq * D, nk = (size_t)B * Lk * D, dd = (size_t)D * D;
+  const Operand q_in = operand(xq, nq, kShared);
+  const Operand kv_in = xkv == xq ? q_in : operand(xkv, nk, kLeft);
+  const ptrdiff_t qkv_at = even_stride({a.q, a.k, a.v}, nq), kv_at = even_stride({a.k, a.v}, nk);
+  if (xkv == xq && Lq == Lk && qkv_at && weights_adjacent({w.wq, w.wk, w.wv}, dd)) {
+    project_batched(a.q, qkv_at, q_in, w.wq, 3, B * Lq, D, D);
+  } else {
+    project(a.q, q_in, w.wq, B * Lq, D, D);
+    if (kv_at && weights_adjacent({w.wk, w.wv}, dd)) project_batched(a.k, kv_at, kv_in, w.wk, 2, B * Lk, D, D);
+    else project(a.k, kv_in, w.wk, B * Lk, D, D), project(a.v, kv_in, w.wv, B * Lk, D, D);
+  }
   attention_forward(a.ctx, a.p, a.q, a.k, a.v, key_valid, causal, drop, B, Lq, Lk, D, H);
   linear_forward(out, a.ctx, w.wo, nullptr, B * Lq, D, D);
 }
@@ -2887,17 +2933,27 @@ void multihead_attention_backward(float* dxq, float* dxkv, const AttentionWeight
                                   int D, int H) {
   // the forward call list, in reverse; s holds scratch for dq, dk, dv, dctx, each written (not added); in
   // bf16 the attention's kernel writes dq, dk and dv rounded, and not their fp32 values (the products read
-  // only the roundings). dxkv (and dxq, if another buffer) taken zeroed is written by its first product.
-  const size_t nq = (size_t)B * Lq * D, nk = (size_t)B * Lk * D;
+  // only the roundings), dq's then dk's then dv's in one scratch. dxkv (and dxq, if another buffer) taken
+  // zeroed is written by its first product. The weights' gradients of the projections of one input are one
+  // product where the forward's were.
+  const size_t nq = (size_t)B * Lq * D, nk = (size_t)B * Lk * D, dd = (size_t)D * D;
   const bool add_kv = !took_zero_fill(dxkv, nk), add_q = dxq == dxkv || !took_zero_fill(dxq, nq);
   linear_backward(s.ctx, false, dw.wo, nullptr, operand(dout, nq, kLeft), a.ctx, w.wo, B * Lq, D, D);
-  bf16 *dq16 = rounded_in_pass(nq, kDq), *dk16 = rounded_in_pass(nk, kDk), *dv16 = rounded_in_pass(nk, kDv);
+  bf16* d16 = rounded_in_pass(nq + 2 * nk, kDqkv);
+  bf16 *dq16 = d16, *dk16 = d16 ? d16 + nq : nullptr, *dv16 = d16 ? d16 + nq + nk : nullptr;
   attention_backward(s.q, s.k, s.v, dq16, dk16, dv16, false, s.ctx, a.p, a.q, a.k, a.v, drop, B, Lq, Lk, D, H);
+  // the products read d16 where it is written, else s's fp32 values: their strides
+  const ptrdiff_t d_qkv_at = d16 ? even_stride<bf16>({dq16, dk16, dv16}, nq) : even_stride<float>({s.q, s.k, s.v}, nq);
+  const ptrdiff_t d_kv_at = d16 ? even_stride<bf16>({dk16, dv16}, nk) : even_stride<float>({s.k, s.v}, nk);
+  const ptrdiff_t dw_qkv_at = even_stride<float>({dw.wq, dw.wk, dw.wv}, dd), dw_kv_at = even_stride<float>({dw.wk, dw.wv}, dd);
+  const bool qkv = xq == xkv && Lq == Lk && d_qkv_at && dw_qkv_at, kv = !qkv && d_kv_at && dw_kv_at;
   const Operand kv_in = operand(xkv, nk, kShared);  // in bf16 rounded once for dWv and dWk
-  project_backward(dxkv, add_kv, dw.wv, {s.v, dv16}, kv_in, w.wv, B * Lk, D, D);
-  project_backward(dxkv, true, dw.wk, {s.k, dk16}, kv_in, w.wk, B * Lk, D, D);
+  project_backward(dxkv, add_kv, qkv || kv ? nullptr : dw.wv, {s.v, dv16}, kv_in, w.wv, B * Lk, D, D);
+  project_backward(dxkv, true, qkv || kv ? nullptr : dw.wk, {s.k, dk16}, kv_in, w.wk, B * Lk, D, D);
+  if (kv) weight_grads_batched(dw.wk, dw_kv_at, kv_in, {s.k, dk16}, d_kv_at, 2, B * Lk, D, D);
   const Operand q_in = xq == xkv ? kv_in : operand(xq, nq, kShared);
-  project_backward(dxq, add_q, dw.wq, {s.q, dq16}, q_in, w.wq, B * Lq, D, D);
+  project_backward(dxq, add_q, qkv ? nullptr : dw.wq, {s.q, dq16}, q_in, w.wq, B * Lq, D, D);
+  if (qkv) weight_grads_batched(dw.wq, dw_qkv_at, q_in, {s.q, dq16}, d_qkv_at, 3, B * Lq, D, D);
 }
 
 // ---- [Eq. 2, §3.3] the feed-forward network ----------------------------------------------------------

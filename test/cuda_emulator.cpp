@@ -20,8 +20,9 @@
 //     cublasSgemm against the row-major cpu::gemm<double> the CPU path uses, on the transposed problem), every
 //     transpose, leading dimensions larger than the matrix, alpha and beta (beta 0 ignores a NaN C), TF32
 //     rounding, and the argument checks cuBLAS documents;
-//   - bf16: __float2bfloat16 rounding to nearest even (ties, overflow, NaN), cublasGemmEx on bf16 operands
-//     against the definition in double on the rounded values, and its refusals;
+//   - bf16: __float2bfloat16 rounding to nearest even (ties, overflow, NaN), cublasGemmEx and
+//     cublasGemmStridedBatchedEx (one operand shared) on bf16 operands against the definition in double on
+//     the rounded values, and their refusals;
 //   - the counts (emu::counts()): launches per kernel and cuBLAS calls per function, refused ones left out,
 //     copies by direction, memsets, device bytes and their peak; a dry run counts without running;
 //   - streams and graphs: a capture records launches, async copies and memsets and cuBLAS products without
@@ -580,6 +581,37 @@ int main() {
                            CUDA_R_32F, ldc + 20, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_EXECUTION_FAILED,
               "cublasGemmEx: bf16 operands are 2 bytes an element, and one running past its allocation fails");
     cudaDeviceReset();
+    {  // strided batched on bf16 operands: A shared by every product (stride 0), B and C strided, C added to
+      const int batches = 3;
+      dA = device<__nv_bfloat16>(A.size());  // the refusal above left its error sticky: a fresh device
+      cudaMemcpy(dA, a16.data(), A.size() * 2, cudaMemcpyHostToDevice);
+      const long long sb = (long long)n * ldb / 2, sc = (long long)n * ldc + 3;  // B's products overlap: they only read it
+      __nv_bfloat16* dBs = device<__nv_bfloat16>((size_t)(batches - 1) * sb + B.size());
+      std::vector<__nv_bfloat16> bs16((size_t)(batches - 1) * sb + B.size());
+      std::vector<float> Bs(bs16.size());
+      for (size_t i = 0; i < bs16.size(); ++i) bs16[i] = __float2bfloat16(host[i % host.size()]), Bs[i] = bf16(host[i % host.size()]);
+      cudaMemcpy(dBs, bs16.data(), bs16.size() * 2, cudaMemcpyHostToDevice);
+      const std::vector<float> Cs(host.begin() + 1000, host.begin() + 1000 + (size_t)(batches - 1) * sc + C.size());
+      float* dCs = device<float>(Cs.size());
+      cudaMemcpy(dCs, Cs.data(), Cs.size() * 4, cudaMemcpyHostToDevice);
+      ck.expect(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, dA, CUDA_R_16BF, lda, 0, dBs, CUDA_R_16BF, ldb, sb,
+                                           &beta, dCs, CUDA_R_32F, ldc, sc, batches, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) ==
+                    CUBLAS_STATUS_SUCCESS,
+                "cublasGemmStridedBatchedEx bf16: success");
+      const std::vector<float> gots = download(dCs, Cs.size());
+      for (int b = 0; b < batches; ++b) {
+        const std::vector<float> Bb(Bs.begin() + b * sb, Bs.begin() + b * sb + B.size()), Cb(Cs.begin() + b * sc, Cs.begin() + b * sc + C.size());
+        const std::vector<double> want = gemm_definition(true, false, m, n, k, alpha, Ar, lda, Bb, ldb, beta, Cb, ldc);
+        for (int j = 0; j < n; ++j)
+          for (int i = 0; i < m; ++i)
+            ck.close(gots[b * sc + (size_t)j * ldc + i], want[(size_t)j * ldc + i], 1e-5, 1e-5, "cublasGemmStridedBatchedEx bf16, A shared");
+      }
+      ck.expect(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, dA, CUDA_R_16BF, lda, 0, dBs, CUDA_R_16BF, ldb,
+                                           sb, &beta, dCs, CUDA_R_32F, ldc, sc, batches + 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) ==
+                    CUBLAS_STATUS_EXECUTION_FAILED,
+                "cublasGemmStridedBatchedEx: a fourth product past B's and C's allocations fails");
+      cudaDeviceReset();
+    }
     cublasDestroy(h);
   }
   {  // the counts `bench --count` prints, and the dry run that counts without running
@@ -615,6 +647,8 @@ int main() {
     cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, 4, 3, 2, &one, b, 4, b, 2, &zero, b + 100, 4);
     cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, 4, 3, 2, &one, b, 3, b, 2, &zero, b + 100, 4);  // refused: lda < m
     cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_N, 4, 3, 2, &one, b, 4, 8, b, 2, 6, &zero, b + 100, 4, 12, 3);
+    cublasGemmStridedBatchedEx(blas, CUBLAS_OP_N, CUBLAS_OP_N, 4, 3, 2, &one, b, CUDA_R_32F, 4, 0, b, CUDA_R_32F, 2, 6, &zero, b + 100,
+                               CUDA_R_32F, 4, 12, 3, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     const auto count = [&](const std::map<std::string, size_t>& m, const char* k) { return m.count(k) ? m.at(k) : 0; };
     ck.expect(count(n.launches, "index_kernel") == 2 && count(n.launches, "nothing_kernel") == 1 && n.launches.size() == 2,
               "counts: 2 + 1 launches, the refused one left out (%zu index_kernel, %zu nothing_kernel)", count(n.launches, "index_kernel"),
@@ -622,9 +656,11 @@ int main() {
     ck.expect(n.to_device == 1 && n.on_device == 1 && n.to_host == 2 && n.memsets == 1,
               "counts: copies by direction and memsets (to device %zu, on device %zu, to host %zu, memsets %zu)", n.to_device, n.on_device,
               n.to_host, n.memsets);
-    ck.expect(count(n.blas_calls, "cublasSgemm") == 1 && count(n.blas_calls, "cublasSgemmStridedBatched") == 1,
-              "counts: a cuBLAS call is one, however many products; a refused one is none (%zu cublasSgemm, %zu strided)",
-              count(n.blas_calls, "cublasSgemm"), count(n.blas_calls, "cublasSgemmStridedBatched"));
+    ck.expect(count(n.blas_calls, "cublasSgemm") == 1 && count(n.blas_calls, "cublasSgemmStridedBatched") == 1 &&
+                  count(n.blas_calls, "cublasGemmStridedBatchedEx") == 1,
+              "counts: a cuBLAS call is one, however many products; a refused one is none (%zu cublasSgemm, %zu and %zu strided)",
+              count(n.blas_calls, "cublasSgemm"), count(n.blas_calls, "cublasSgemmStridedBatched"),
+              count(n.blas_calls, "cublasGemmStridedBatchedEx"));
     const std::vector<unsigned> before = download(c, 24 * 12);
     cudaMemset(c, 0xFF, 24 * 12 * 4);
     const std::vector<float> product = download(b + 100, 12);
