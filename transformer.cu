@@ -3227,6 +3227,8 @@ void output_projection_backward(float* dy, float* demb, const float* dlogits, co
 }
 
 // ---- §5.4 label-smoothed cross-entropy: softmax and loss fused, one warp per row --------------------
+// Logits a thread reads at a time, forward and backward, their loads all issued before any value is used
+constexpr int kXentAtOnce = 8;
 __global__ void xent_forward_kernel(float* lse, double* loss_sum, double* tokens, const float* logits, const int* targets, int M,
                                     int V, double qt, double qo, int pad) {
   const int r = warp_row(), lane = threadIdx.x % 32;
@@ -3236,7 +3238,6 @@ __global__ void xent_forward_kernel(float* lse, double* loss_sum, double* tokens
   // flight at once, and keeps the largest logit it has read and the sum of their exponentials relative to
   // it, rescaled when it grows; the lanes' sums are then taken to the row's largest. Two passes, the largest
   // first, read the logits twice (256 MiB each at the benchmark's 8192 rows of 8000).
-  constexpr int kXentAtOnce = 8;
   float mx = -INFINITY;
   double s = 0, zsum = 0;
   for (int v0 = lane; v0 < V; v0 += 32 * kXentAtOnce) {
@@ -3279,11 +3280,22 @@ __global__ void xent_backward_kernel(float* dlogits, bf16* dlogits16, const floa
   const float* z = logits + (size_t)blockIdx.x * V;
   float* dz = dlogits ? dlogits + (size_t)blockIdx.x * V : nullptr;
   const float l = lse[blockIdx.x];
-  for (int v = threadIdx.x; v < V; v += blockDim.x) {
-    float x = add ? dz[v] : 0.f;
-    if (!none) x += (expf(z[v] - l) - (v == t ? qt : qo)) * inv_n;
-    if (dz && !(none && add)) dz[v] = x;
-    if (dlogits16) dlogits16[(size_t)blockIdx.x * V + v] = __float2bfloat16(x);
+  // kXentAtOnce logits (and dlogits, where added to) at a time: a logit at a time, each load waited for the
+  // store before it (dlogits might alias the logits for all nvcc knows), one load a thread in flight
+  for (int v0 = threadIdx.x; v0 < V; v0 += blockDim.x * kXentAtOnce) {
+    float zs[kXentAtOnce], xs[kXentAtOnce];
+    for (int k = 0; k < kXentAtOnce; ++k) {
+      const int v = v0 + k * blockDim.x;
+      zs[k] = v < V ? z[v] : 0.f;
+      xs[k] = add && v < V ? dz[v] : 0.f;
+    }
+    for (int k = 0; k < kXentAtOnce && v0 + k * (int)blockDim.x < V; ++k) {
+      const int v = v0 + k * blockDim.x;
+      float x = xs[k];
+      if (!none) x += (expf(zs[k] - l) - (v == t ? qt : qo)) * inv_n;
+      if (dz && !(none && add)) dz[v] = x;
+      if (dlogits16) dlogits16[(size_t)blockIdx.x * V + v] = __float2bfloat16(x);
+    }
   }
 }
 

@@ -472,8 +472,9 @@ int main() {
   }
 
   // The loss over 1000 logits a row, where a lane reads 4 batches of 8 (the last partial) and its largest
-  // logit grows from batch to batch (rising rows), falls (falling rows) or stays (flat ones); and over 20,
-  // where 12 lanes read none. Its own numbers: the cases after it get the inputs they had before it came.
+  // logit grows from batch to batch (rising rows), falls (falling rows) or stays (flat ones), and where each
+  // of the backward's 256 threads reads one batch, 3 or 4 of its 8; and over 20, where 12 lanes read none.
+  // Its own numbers: the cases after it get the inputs they had before it came.
   Rand rx{29};
   for (int Vx : {1000, 20}) {
     const int Mx = 7;
@@ -493,6 +494,11 @@ int main() {
     std::printf("  %-44s %.9g vs %.9g\n", ("label_smoothed_xent_forward loss" + f).c_str(), lg, lc);
     ck.close(lg, lc, kTol, kTol * kFloor, ("label_smoothed_xent_forward loss" + f).c_str());
     rep.same(lse, "label_smoothed_xent_forward lse" + f);
+    Buf dlogits(rx.vec((size_t)Mx * Vx));  // added to: the backward reads it with the logits
+    cpu::label_smoothed_xent_backward(dlogits.h.data(), logits.h.data(), lse.h.data(), targets.data(), Mx, Vx, 0.1,
+                                      LabelSmoothing::others_only, kPadId);
+    gpu::label_smoothed_xent_backward(dlogits.d, logits.d, lse.d, dt, Mx, Vx, 0.1, LabelSmoothing::others_only, kPadId);
+    rep.same(dlogits, "label_smoothed_xent_backward" + f);
     gpu::release(dt);
   }
 
