@@ -2363,8 +2363,9 @@ static void project_backward(float* din, bool add_din, float* dw, Operand d, Ope
   if (din) gemm_operands(false, true, M, I, O, d, O, operand(w, (size_t)I * O, kRight), O, din, I, add_din);
   if (dw) gemm_operands(true, false, I, O, M, in, I, d, O, dw, O, true);
 }
-// Projections of one input by weights that lie evenly apart (the parameter layout keeps an attention's wq,
-// wk and wv one after another), each product of the same shape: one strided-batched call, not one each.
+// Projections of one input by weights that lie one after another (the parameter layout keeps an attention's
+// wq, wk and wv so), products of one shape: one strided-batched call, not one each.
+//
 // The common distance of buffers that lie evenly apart in ascending order, each n elements or more from the
 // next (none overlaps), else 0.
 template <typename T> static ptrdiff_t even_stride(std::initializer_list<const T*> p, size_t n) {
