@@ -29,7 +29,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bench=./build/test/bench
 row() { printf '%-66s %-40s %s\n' "$1" "$2" "${3:-}" | sed 's/ *$//'; }
-field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p" | tail -n 1; }  # the last value of NAME=value in the input
+. test/field.sh  # field NAME: the last NAME=value of the input
 wants() { [ -z "${BENCH_ROWS:-}" ] || [[ " $BENCH_ROWS " == *" $1 "* ]]; }  # is row $1 asked for?
 ratio() { awk -v t="$1" -v o="$2" 'BEGIN { if (t > 0 && o > 0) printf "%.2fx", t / o; else print "-" }'; }
 
