@@ -2528,6 +2528,13 @@ constexpr int kMaxHeadDim = [] {
   return Dk;
 }();
 constexpr int kHeadDimSlots = (kMaxHeadDim + 31) / 32;
+// bytes, the dynamic shared memory of a kernel's launches; past kDefaultSharedBytes the kernel's limit is raised
+template <typename K> static size_t dynamic_shared_bytes(K kernel, size_t bytes) {
+  if (bytes > kDefaultSharedBytes)
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)std::min<size_t>(bytes, std::numeric_limits<int>::max())));
+  return bytes;
+}
 // The calling warp's staging area.
 __device__ float* warp_stage(int Dk) { return dynamic_shared<float>() + attention_stages_at(Dk) + threadIdx.x / 32 * kStageFloats; }
 // x[r] of every lane of the warp into st, where any lane reads lane l's x[r] at st[l kRowsPerWarp + r] once
@@ -2604,6 +2611,28 @@ __device__ void rows_dot_lanes(float (&dot)[kRowsPerWarp], const float* rows, co
   }
 }
 
+// acc[r][t] += sum_l w_l(r) x_l(lane + 32 t) over the first n rows x_l of a tile, for the warp's rows r that lie
+// before `rows` (row_of(r) < rows; the others, past the end, are left): a weighted sum of the tile's rows, each
+// lane summing the head's columns lane + 32 t (0 past Dk), with the weights w_l(r) as lane l staged them in st
+// (write_rows), read as one 16-byte load a row l. The forward's ctx and the backward's dq, dk and dv.
+template <int kSlots>
+__device__ void add_weighted_rows(float (&acc)[kRowsPerWarp][kSlots], const float* st, const float* tile, int n, int rows, int Dk) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, ld = attention_ld(Dk);
+  // not unrolled (as rows_dot_lanes): the loads that nvcc's unrolling put in flight spilled the kernels' sums
+  // to local memory. sm_90, bytes spilled in the forward at Dk 64 and in the backward whose keys take two
+  // tiles at Dk 64 and 96: 36, 20 and 304 unrolled; 16, 0 and 84 not; 28, 40 and 96 with the loop written
+  // out in each kernel (before this function).
+#pragma unroll 1
+  for (int l = 0; l < n; ++l) {
+    float x[kSlots];
+    for (int t = 0; t < kSlots; ++t) x[t] = lane + 32 * t < Dk ? tile[l * ld + lane + 32 * t] : 0.f;
+    float w[kRowsPerWarp];  // lane l's weights
+    read_rows(w, st, l);
+    for (int r = 0; r < kRowsPerWarp && warp + r * kAttentionWarps < rows; ++r)
+      for (int t = 0; t < kSlots; ++t) acc[r][t] += w[r] * x[t];
+  }
+}
+
 // ctx16, the twin of ctx (bf16 products): the rows of the block's query tile, once the block has written them
 // (warp w rows w, w + 8, ..., a lane columns lane, lane + 32, ...).
 __device__ void ctx_tile_to_bf16(bf16* ctx16, const float* ctx, int H, int Lq, int D) {
@@ -2676,14 +2705,7 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)  // 4 blocks an SM: at m
     }
     __syncthreads();  // the value tile is loaded
     stage_rows(ws, w);
-    for (int jj = 0; jj < min(kAttentionTile, Lk - j0); ++jj) {  // (past Lk, and past Lq below, w is 0)
-      float vj[kSlots];
-      for (int t = 0; t < kSlots; ++t) vj[t] = lane + 32 * t < Dk ? vs[jj * ld + lane + 32 * t] : 0.f;
-      float wr[kRowsPerWarp];  // lane jj's w
-      read_rows(wr, ws, jj);
-      for (int r = 0; r < kRowsPerWarp && i0 + row_of(r) < Lq; ++r)
-        for (int t = 0; t < kSlots; ++t) acc[r][t] += wr[r] * vj[t];
-    }
+    add_weighted_rows(acc, ws, vs, min(kAttentionTile, Lk - j0), Lq - i0, Dk);  // (past Lk w is 0)
     __syncthreads();  // before the next tile overwrites this one
   }
   for (int r = 0; r < kRowsPerWarp; ++r) {
@@ -2696,13 +2718,107 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)  // 4 blocks an SM: at m
   if (ctx16) ctx_tile_to_bf16(ctx16, ctx, H, Lq, D);
 }
 
-// Backward: grid (B H, query tiles + key tiles), one launch. A query tile's block writes dq, a key tile's
-// dk and dv, so nothing is added atomically, and a scratch that holds nothing yet is written, not zeroed
-// first and added to (add: false). Both form dp_ij, the row sums sum_l p_il dp_il and ds_ij themselves,
-// the row sums by row_sums (where the keys fit one tile, a key tile's block from its own dot products, in
-// another order), so neither waits for the other. (Not as dctx_i . ctx_i,
-// equal in exact arithmetic, as FlashAttention takes it: that left ds of a row with one visible key at a
-// rounding error instead of 0, which Adam turned into steps of the learning rate's size on parameters
+// What the two backward kernels below share, besides add_weighted_rows. The forward was
+// ctx_i = sum_j p'_ij v_j with p'_ij = p_ij keep_ij, p_i = softmax(s_i), s_ij = scale q_i . k_j; so
+// dp_ij = keep_ij (dctx_i . v_j) and ds_ij = p_ij (dp_ij - sum_l p_il dp_il). keep_ij (ij: p's offset of the
+// entry) is 0 where attention dropout dropped the weight, 1 / (1 - p) where it kept it, 1 without dropout.
+__device__ float keep_factor(const DropoutKey& drop, size_t ij, float keep_scale) {
+  return drop.p > 0 ? (dropout_keeps(drop, ij) ? keep_scale : 0.f) : 1.f;
+}
+// A gradient's element x[at] = value, or x[at] += value (add). x16: x's rounding for the products after, or
+// null; written in place of x (not added to), it is all the products read, and x's fp32 values are not written.
+__device__ void store_gradient(float* x, bf16* x16, size_t at, float value, bool add) {
+  if (add) value += x[at];
+  if (x16) x16[at] = __float2bfloat16(value);
+  if (add || !x16) x[at] = value;
+}
+
+// Backward where the keys fit one tile (Lk <= kAttentionTile: the benchmark's 32 tokens a side, most Multi30k
+// batches): grid (B H), one block for a (sentence, head)'s dq, dk and dv. It holds the keys' and values' tiles
+// and takes the query tiles in turn, each with its dctx rows, and forms dctx_i . v_j, the row sums and ds_ij
+// once; the kernel below forms them in a query tile's block and again in a key tile's. ds_ij is staged twice:
+// by the warp's own rows i (a warp's 4 rows of key j in one 16-byte load, as stage_rows leaves them), for
+// dq_i = scale sum_j ds_ij k_j; and, with p'_ij, by the warps' keys j, for dk_j = scale sum_i ds_ij q_i and
+// dv_j = sum_i p'_ij dctx_i, a warp's keys j = w + 8 r of query i at by_key[w kByKeyLd + 4 i + r] (one 16-byte
+// load too). A warp's area there is padded by 4 floats, so that the lanes writing one row's 32 keys hit
+// distinct banks. dk and dv are summed over the query tiles in registers; nothing is added atomically.
+constexpr int kByKeyLd = kAttentionTile * kRowsPerWarp + 4;
+// where its shared memory's staged values start, past four tiles (floats)
+__host__ __device__ constexpr size_t one_key_tile_by_row_at(int Dk) { return 4 * (size_t)kAttentionTile * attention_ld(Dk); }
+// Four tiles, each warp's ds by its rows, then ds and p' by the warps' keys: 47,360 bytes at Dk 64, and over
+// the 48 KiB a launch gets without asking from Dk 69 (Dk 100: 63,744)
+constexpr size_t one_key_tile_shared_bytes(int Dk) {
+  return (one_key_tile_by_row_at(Dk) + kAttentionWarps * ((size_t)kAttentionTile * kRowsPerWarp + 2 * kByKeyLd)) * sizeof(float);
+}
+template <int kSlots>
+__global__ void __launch_bounds__(kAttentionThreads, 4)
+    attention_backward_one_key_tile_kernel(float* dq, float* dk, float* dv, bf16* dq16, bf16* dk16, bf16* dv16, const float* dctx,
+                                           const float* p, const float* q, const float* k, const float* v, DropoutKey drop,
+                                           bool add, int H, int Lq, int Lk, int D) {
+  drop = at_step(drop);
+  const int b = blockIdx.x / H, h = blockIdx.x % H, Dk = D / H, ld = attention_ld(Dk);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  float* ks = dynamic_shared<float>();                  // (32, ld): the keys
+  float* vs = ks + kAttentionTile * ld;                 // (32, ld): their values
+  float* qs = vs + kAttentionTile * ld;                 // (32, ld): a tile of queries
+  float* dcs = qs + kAttentionTile * ld;                // (32, ld): their dctx rows
+  float* by_row = dynamic_shared<float>() + one_key_tile_by_row_at(Dk);
+  float* by_key = by_row + kAttentionWarps * kAttentionTile * kRowsPerWarp;  // ds_ij by the warps' keys
+  float* pk_by_key = by_key + kAttentionWarps * kByKeyLd;                    // p'_ij likewise
+  by_row += warp * kAttentionTile * kRowsPerWarp;  // the warp's ds_ij, lane (key) by lane
+  const float scale = rsqrtf((float)Dk), keep_scale = (float)dropout_scale(drop);
+  auto at = [&](int i, int j) { return ((size_t)blockIdx.x * Lq + i) * Lk + j; };  // p's offset of (i, j)
+  auto head = [&](int L, int r) { return ((size_t)b * L + r) * D + h * Dk; };     // where row r's columns of head h start
+  auto row_of = [&](int r) { return warp + r * kAttentionWarps; };                 // the warp's r-th row of a tile
+  float acc_k[kRowsPerWarp][kSlots] = {}, acc_v[kRowsPerWarp][kSlots] = {};  // dk_j, dv_j of the warp's keys j
+  copy_head_tile(ks, k, b, h, Lk, 0, D, Dk), copy_head_tile(vs, v, b, h, Lk, 0, D, Dk);  // waited for with the first query tile
+  for (int i0 = 0; i0 < Lq; i0 += kAttentionTile) {
+    copy_head_tile(qs, q, b, h, Lq, i0, D, Dk), copy_head_tile(dcs, dctx, b, h, Lq, i0, D, Dk);
+    wait_for_copies();
+    __syncthreads();  // the tiles are loaded
+    float dot[kRowsPerWarp], ds[kRowsPerWarp];  // dctx_i . v_j, then ds_ij, for the warp's rows i and the lane's key j
+    rows_dot_lanes(dot, dcs, vs, Dk);
+    const int j = lane;
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      const int i = i0 + row_of(r);
+      const float pij = i < Lq && j < Lk ? p[at(i, j)] : 0.f, kij = pij == 0 ? 0.f : keep_factor(drop, at(i, j), keep_scale);
+      const float dp = dot[r] * kij, row_sum = warp_sum(pij == 0 ? 0.f : pij * dp);  // (rows past Lq: 0)
+      ds[r] = pij == 0 ? 0.f : pij * (dp - row_sum);
+      const int y = j % kAttentionWarps * kByKeyLd + row_of(r) * kRowsPerWarp + j / kAttentionWarps;
+      by_key[y] = ds[r], pk_by_key[y] = pij * kij;
+    }
+    write_rows(by_row, ds);
+    __syncthreads();  // ds and p' staged by every warp
+    float acc[kRowsPerWarp][kSlots] = {};  // dq_i of the warp's rows i
+    add_weighted_rows(acc, by_row, ks, Lk, Lq - i0, Dk);
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      const int i = i0 + row_of(r);
+      if (i >= Lq) break;
+      for (int t = 0; t < kSlots; ++t)
+        if (lane + 32 * t < Dk) store_gradient(dq, dq16, head(Lq, i) + lane + 32 * t, acc[r][t] * scale, add);
+    }
+    const int queries = min(kAttentionTile, Lq - i0);  // (past Lk ds and p' are 0)
+    add_weighted_rows(acc_k, by_key + warp * kByKeyLd, qs, queries, Lk, Dk);
+    add_weighted_rows(acc_v, pk_by_key + warp * kByKeyLd, dcs, queries, Lk, Dk);
+    __syncthreads();  // before the next query tile overwrites the tiles and the staged values
+  }
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    const int j = row_of(r);
+    if (j >= Lk) break;
+    for (int t = 0; t < kSlots; ++t)
+      if (lane + 32 * t < Dk) {
+        store_gradient(dk, dk16, head(Lk, j) + lane + 32 * t, acc_k[r][t] * scale, add);
+        store_gradient(dv, dv16, head(Lk, j) + lane + 32 * t, acc_v[r][t], add);
+      }
+  }
+}
+
+// Backward where the keys take more than one tile: grid (B H, query tiles + key tiles), one launch. A query
+// tile's block writes dq, a key tile's dk and dv, so nothing is added atomically, and a scratch that holds
+// nothing yet is written, not zeroed first and added to (add: false). Both form dp_ij, the row sums
+// sum_l p_il dp_il and ds_ij themselves, the row sums by row_sums, so neither waits for the other. (Not as
+// dctx_i . ctx_i, equal in exact arithmetic, as FlashAttention takes it: that left ds of a row with one visible
+// key at a rounding error instead of 0, which Adam turned into steps of the learning rate's size on parameters
 // whose gradient is otherwise 0: 2 ranks against --accumulate 2 on the emulated GPU moved apart 100 times
 // more, 3.0e-6 after 6 steps instead of 3.5e-8.)
 template <int kSlots>
@@ -2719,33 +2835,18 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
   float* st = warp_stage(Dk);  // the warp's ds_ij (and p'_ij), lane by lane
   const float scale = rsqrtf((float)Dk), keep_scale = (float)dropout_scale(drop);
   auto at = [&](int i, int j) { return ((size_t)blockIdx.x * Lq + i) * Lk + j; };  // p's offset of (i, j)
-  auto keep = [&](size_t ij) { return drop.p > 0 ? (dropout_keeps(drop, ij) ? keep_scale : 0.f) : 1.f; };
+  auto keep = [&](size_t ij) { return keep_factor(drop, ij, keep_scale); };
   auto head = [&](int L, int r) { return ((size_t)b * L + r) * D + h * Dk; };  // where row r's columns of head h start
-  // x16: x's rounding for the products after, or null; written in place of x (not added to), it is all the
-  // products read, and x's fp32 values are not written
-  auto put = [&](float* x, bf16* x16, size_t at, float value) {
-    if (add) value += x[at];
-    if (x16) x16[at] = __float2bfloat16(value);
-    if (add || !x16) x[at] = value;
-  };
   auto row_of = [&](int r) { return warp + r * kAttentionWarps; };  // the warp's r-th row of a tile
-  // forward was: ctx_i = sum_j p'_ij v_j (p'_ij = p_ij keep_ij), p_i = softmax(s_i), s_ij = scale q_i . k_j
-  // so now: dp_ij = keep_ij (dctx_i . v_j), ds_ij = p_ij (dp_ij - sum_l p_il dp_il)
-  // Where the keys fit one tile, a block copies all three of its first tiles at once (one wait, one barrier).
-  // (Lk <= kAttentionTile is written out each time: held in a bool, it took a register, and ptxas spilled
-  // twice as often in the loop of the dK and dV sums at Dk 64, 16 local loads and stores a pass, not 8.)
-  // row_sums(rd, dot, dcs, stream, i0, copied): rd[r] = sum_j p_ij dp_ij for the warp's rows i = i0 + row_of(r),
-  // their dctx rows in the tile dcs, over the key tiles in order, each one's values loaded into the tile
-  // stream (or copied there already, with dcs: copied, where the keys fit one tile); it leaves the last key
-  // tile in stream and its dctx_i . v_j (the lane's key j) in dot
-  auto row_sums = [&](float (&rd)[kRowsPerWarp], float (&dot)[kRowsPerWarp], const float* dcs, float* stream, int i0, bool copied) {
+  // row_sums(rd, dcs, stream, i0): rd[r] = sum_j p_ij dp_ij for the warp's rows i = i0 + row_of(r), their dctx
+  // rows in the tile dcs, over the key tiles in order, each one's values loaded into the tile stream
+  auto row_sums = [&](float (&rd)[kRowsPerWarp], const float* dcs, float* stream, int i0) {
     for (int r = 0; r < kRowsPerWarp; ++r) rd[r] = 0;
     for (int j0 = 0; j0 < Lk; j0 += kAttentionTile) {
-      __syncthreads();  // dcs is loaded, and stream read by all (or copied)
-      if (!copied) {
-        load_head_tile(stream, v, b, h, Lk, j0, D, Dk);
-        __syncthreads();
-      }
+      __syncthreads();  // dcs is loaded, and stream read by all
+      load_head_tile(stream, v, b, h, Lk, j0, D, Dk);
+      __syncthreads();
+      float dot[kRowsPerWarp];  // dctx_i . v_j for the warp's rows i and the lane's key j
       rows_dot_lanes(dot, dcs, stream, Dk);
       for (int r = 0; r < kRowsPerWarp && i0 + row_of(r) < Lq; ++r) {
         const int i = i0 + row_of(r), j = j0 + lane;
@@ -2755,47 +2856,34 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
     }
     __syncthreads();  // stream read by all before it is overwritten
   };
-  // x_t: the lane's column t of row r of a tile (0 past Dk)
-  auto column = [&](const float* tile, int r, int t) { return lane + 32 * t < Dk ? tile[r * ld + lane + 32 * t] : 0.f; };
   float acc[kRowsPerWarp][kSlots] = {}, acc_v[kRowsPerWarp][kSlots] = {};
   if ((int)blockIdx.y < query_tiles) {  // dq_i = scale sum_j ds_ij k_j for the tile's queries
     const int i0 = blockIdx.y * kAttentionTile;
     float *dcs = t0, *ks = t1, *vs = t2;
-    copy_head_tile(dcs, dctx, b, h, Lq, i0, D, Dk);
-    if (Lk <= kAttentionTile) copy_head_tile(vs, v, b, h, Lk, 0, D, Dk), copy_head_tile(ks, k, b, h, Lk, 0, D, Dk);
-    wait_for_copies();
+    load_head_tile(dcs, dctx, b, h, Lq, i0, D, Dk);
     float rd[kRowsPerWarp], ds[kRowsPerWarp];
-    float dot[kRowsPerWarp];  // dctx_i . v_j for the warp's rows i and the lane's key j
-    row_sums(rd, dot, dcs, vs, i0, Lk <= kAttentionTile);
+    row_sums(rd, dcs, vs, i0);
     for (int j0 = 0; j0 < Lk; j0 += kAttentionTile) {
-      if (Lk > kAttentionTile) {  // else the only key tile is in ks, and its values and dot products are row_sums'
-        copy_head_tile(ks, k, b, h, Lk, j0, D, Dk);
-        copy_head_tile(vs, v, b, h, Lk, j0, D, Dk);
-        wait_for_copies();
-        __syncthreads();
-        rows_dot_lanes(dot, dcs, vs, Dk);
-      }
+      copy_head_tile(ks, k, b, h, Lk, j0, D, Dk);
+      copy_head_tile(vs, v, b, h, Lk, j0, D, Dk);
+      wait_for_copies();
+      __syncthreads();
+      float dot[kRowsPerWarp];  // dctx_i . v_j for the warp's rows i and the lane's key j
+      rows_dot_lanes(dot, dcs, vs, Dk);
       for (int r = 0; r < kRowsPerWarp; ++r) {
         const int i = i0 + row_of(r), j = j0 + lane;
         const float pij = i < Lq && j < Lk ? p[at(i, j)] : 0.f;
         ds[r] = pij == 0 ? 0.f : pij * (dot[r] * keep(at(i, j)) - rd[r]);
       }
       stage_rows(st, ds);
-      for (int jj = 0; jj < min(kAttentionTile, Lk - j0); ++jj) {  // (past Lk, and past Lq below, ds is 0)
-        float kj[kSlots];
-        for (int t = 0; t < kSlots; ++t) kj[t] = column(ks, jj, t);
-        float dsr[kRowsPerWarp];  // lane jj's ds
-        read_rows(dsr, st, jj);
-        for (int r = 0; r < kRowsPerWarp && i0 + row_of(r) < Lq; ++r)
-          for (int t = 0; t < kSlots; ++t) acc[r][t] += dsr[r] * kj[t];
-      }
+      add_weighted_rows(acc, st, ks, min(kAttentionTile, Lk - j0), Lq - i0, Dk);  // (past Lk ds is 0)
       __syncthreads();  // before the next tiles overwrite these
     }
     for (int r = 0; r < kRowsPerWarp; ++r) {
       const int i = i0 + row_of(r);
       if (i >= Lq) break;
       for (int t = 0; t < kSlots; ++t)
-        if (lane + 32 * t < Dk) put(dq, dq16, head(Lq, i) + lane + 32 * t, acc[r][t] * scale);
+        if (lane + 32 * t < Dk) store_gradient(dq, dq16, head(Lq, i) + lane + 32 * t, acc[r][t] * scale, add);
     }
   } else {  // dk_j = scale sum_i ds_ij q_i, dv_j = sum_i p'_ij dctx_i for the tile's keys
     const int j0 = (blockIdx.y - query_tiles) * kAttentionTile;
@@ -2803,38 +2891,17 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
     copy_head_tile(vks, v, b, h, Lk, j0, D, Dk);  // waited for with the first query tile's copies
     float ds[kRowsPerWarp], pk[kRowsPerWarp];
     for (int i0 = 0; i0 < Lq; i0 += kAttentionTile) {
-      copy_head_tile(dcs, dctx, b, h, Lq, i0, D, Dk);
-      float dot[kRowsPerWarp];  // dctx_i . v_j for the lane's query i and the warp's keys j
-      if (Lk > kAttentionTile) {
-        wait_for_copies();
-        float rd[kRowsPerWarp];
-        row_sums(rd, dot, dcs, qs, i0, false);  // the query tile's space streams the values first
-        for (int r = 0; r < kRowsPerWarp; ++r)
-          if (lane == 0) rowdot[row_of(r)] = rd[r];
-      }
+      load_head_tile(dcs, dctx, b, h, Lq, i0, D, Dk);
+      float rd[kRowsPerWarp];
+      row_sums(rd, dcs, qs, i0);  // the query tile's space streams the values first
+      for (int r = 0; r < kRowsPerWarp; ++r)
+        if (lane == 0) rowdot[row_of(r)] = rd[r];
       copy_head_tile(qs, q, b, h, Lq, i0, D, Dk);
       wait_for_copies();
       __syncthreads();
+      float dot[kRowsPerWarp];  // dctx_i . v_j for the lane's query i and the warp's keys j
       rows_dot_lanes(dot, vks, dcs, Dk);
-      // sum_l p_il dp_il for the lane's query i: row_sums', or where the keys fit this one tile, from these
-      // dot products: each warp sums its keys' terms, then each lane the warps' sums, in warp order
-      float rd_lane;
-      if (Lk > kAttentionTile) {
-        rd_lane = rowdot[lane];
-      } else {
-        float part = 0;
-        for (int r = 0; r < kRowsPerWarp; ++r) {
-          const int j = j0 + row_of(r), i = i0 + lane;
-          const float pij = i < Lq && j < Lk ? p[at(i, j)] : 0.f;
-          part += pij == 0 ? 0.f : pij * (dot[r] * keep(at(i, j)));
-        }
-        st[lane] = part;
-        __syncthreads();  // every warp's sums written
-        const float* stages = st - warp * kStageFloats;  // warp 0's staging area, then the others'
-        rd_lane = 0;
-        for (int w = 0; w < kAttentionWarps; ++w) rd_lane += stages[w * kStageFloats + lane];
-        __syncthreads();  // and read, before the warps stage over them
-      }
+      const float rd_lane = rowdot[lane];  // sum_l p_il dp_il for the lane's query i
       for (int r = 0; r < kRowsPerWarp; ++r) {
         const int j = j0 + row_of(r), i = i0 + lane;
         const float pij = i < Lq && j < Lk ? p[at(i, j)] : 0.f, kij = pij == 0 ? 0.f : keep(at(i, j));
@@ -2844,15 +2911,9 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
       write_rows(st, ds);
       write_rows(st + kStageFloats / 2, pk);
       __syncwarp();  // both staged
-      for (int ii = 0; ii < min(kAttentionTile, Lq - i0); ++ii) {  // (past Lq, and past Lk below, ds and p' are 0)
-        float qi[kSlots], ci[kSlots];
-        for (int t = 0; t < kSlots; ++t) qi[t] = column(qs, ii, t), ci[t] = column(dcs, ii, t);
-        float dsr[kRowsPerWarp], pkr[kRowsPerWarp];  // lane ii's ds and p'
-        read_rows(dsr, st, ii);
-        read_rows(pkr, st + kStageFloats / 2, ii);
-        for (int r = 0; r < kRowsPerWarp && j0 + row_of(r) < Lk; ++r)
-          for (int t = 0; t < kSlots; ++t) acc[r][t] += dsr[r] * qi[t], acc_v[r][t] += pkr[r] * ci[t];
-      }
+      const int queries = min(kAttentionTile, Lq - i0);  // (past Lq ds and p' are 0)
+      add_weighted_rows(acc, st, qs, queries, Lk - j0, Dk);
+      add_weighted_rows(acc_v, st + kStageFloats / 2, dcs, queries, Lk - j0, Dk);
       __syncthreads();  // before the next tiles overwrite these
     }
     for (int r = 0; r < kRowsPerWarp; ++r) {
@@ -2860,8 +2921,8 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
       if (j >= Lk) break;
       for (int t = 0; t < kSlots; ++t)
         if (lane + 32 * t < Dk) {
-          put(dk, dk16, head(Lk, j) + lane + 32 * t, acc[r][t] * scale);
-          put(dv, dv16, head(Lk, j) + lane + 32 * t, acc_v[r][t]);
+          store_gradient(dk, dk16, head(Lk, j) + lane + 32 * t, acc[r][t] * scale, add);
+          store_gradient(dv, dv16, head(Lk, j) + lane + 32 * t, acc_v[r][t], add);
         }
     }
   }
@@ -2896,10 +2957,17 @@ static void attention_backward(float* dq, float* dk, float* dv, bf16* dq16, bf16
                                const float* p, const float* q, const float* k, const float* v, DropoutKey drop, int B, int Lq, int Lk,
                                int D, int H) {
   if ((size_t)B * H * (Lq + Lk) == 0) return;
-  const dim3 grid(B * H, (Lq + kAttentionTile - 1) / kAttentionTile + (Lk + kAttentionTile - 1) / kAttentionTile);
   with_head_slots(D, H, [&](auto slots) {
-    LAUNCH(attention_backward_kernel<decltype(slots)::value>, grid, kAttentionThreads, attention_shared_bytes(D / H), dq, dk, dv, dq16,
-           dk16, dv16, dctx, p, q, k, v, drop, add, H, Lq, Lk, D);
+    constexpr int kSlots = decltype(slots)::value;
+    if (Lk <= kAttentionTile) {
+      const auto kernel = attention_backward_one_key_tile_kernel<kSlots>;
+      LAUNCH(kernel, B * H, kAttentionThreads, dynamic_shared_bytes(kernel, one_key_tile_shared_bytes(D / H)), dq, dk, dv, dq16, dk16,
+             dv16, dctx, p, q, k, v, drop, add, H, Lq, Lk, D);
+    } else {
+      const dim3 grid(B * H, (Lq + kAttentionTile - 1) / kAttentionTile + (Lk + kAttentionTile - 1) / kAttentionTile);
+      LAUNCH(attention_backward_kernel<kSlots>, grid, kAttentionThreads, attention_shared_bytes(D / H), dq, dk, dv, dq16, dk16, dv16,
+             dctx, p, q, k, v, drop, add, H, Lq, Lk, D);
+    }
   });
 }
 void attention_backward(float* dq, float* dk, float* dv, const float* dctx, const float* p, const float* q, const float* k,
@@ -3075,11 +3143,7 @@ static unsigned layernorm_backward_blocks(int M) {
 // The warps' sums: (kWarpRows, 2, D) floats, over the 48 KiB a launch gets without asking from D = 769 (the
 // paper's big model, D = 1024, takes 64 KiB).
 template <typename K> static size_t layernorm_backward_shared(K kernel, int D) {
-  const size_t bytes = (size_t)kWarpRows * 2 * D * sizeof(float);
-  if (bytes > kDefaultSharedBytes)
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)std::min<size_t>(bytes, std::numeric_limits<int>::max())));
-  return bytes;
+  return dynamic_shared_bytes(kernel, (size_t)kWarpRows * 2 * D * sizeof(float));
 }
 template <typename Add>
 __device__ void layernorm_rows_backward(float* dg, float* db, const float* dout, const float* in, const float* g, const float* mean,
