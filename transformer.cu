@@ -2270,7 +2270,8 @@ void drop_bf16_copy(const float* p) {
     }
 }
 // The twin a producer writes beside its output, the n elements at p (bf16 products, p listed by
-// set_bf16_twins), else null; *alone: whether the twin is listed alone (ffn_forward's h, which then writes no fp32 values).
+// set_bf16_twins), else null; *alone: whether the twin is listed alone (ffn_forward's h, attention_forward's
+// ctx and the loss's dlogits in a training step, whose producers then write no fp32 values).
 static bf16* bf16_twin_of(const float* p, size_t n, bool* alone = nullptr) {
   const Bf16Copy* c = products() == Precision::bf16 ? bf16_entry_of(p) : nullptr;
   if (alone) *alone = c && c->twin && c->alone;
@@ -2633,14 +2634,23 @@ __device__ void add_weighted_rows(float (&acc)[kRowsPerWarp][kSlots], const floa
   }
 }
 
-// ctx16, the twin of ctx (bf16 products): the rows of the block's query tile, once the block has written them
-// (warp w rows w, w + 8, ..., a lane columns lane, lane + 32, ...).
-__device__ void ctx_tile_to_bf16(bf16* ctx16, const float* ctx, int H, int Lq, int D) {
-  __syncthreads();  // the block's writes to ctx are seen by all its threads
-  const int b = blockIdx.x / H, h = blockIdx.x % H, Dk = D / H, i0 = blockIdx.y * kAttentionTile;
-  for (int r = threadIdx.x / 32; r < kAttentionTile && i0 + r < Lq; r += kAttentionWarps) {
-    const size_t row = ((size_t)b * Lq + i0 + r) * D + h * Dk;
-    for (int d = threadIdx.x % 32; d < Dk; d += 32) ctx16[row + d] = __float2bfloat16(ctx[row + d]);
+// The forward's sums acc[r][t] (the warp's rows i = i0 + w + 8 r of the block's query tile, the lane's
+// columns lane + 32 t of head h) as context rows: into ctx, and into ctx16, its bf16 twin for the products
+// (or null). A training step lists the twin alone (ctx null): nothing but the products reads ctx in bf16, so
+// only the twin is written, from registers. (It was written from ctx after a barrier, ctx's fp32 values
+// written and read back: 64 MiB of traffic for each of the base step's 18 attentions.)
+template <int kSlots>
+__device__ void write_context(float* ctx, bf16* ctx16, const float (&acc)[kRowsPerWarp][kSlots], int H, int Lq, int D) {
+  const int b = blockIdx.x / H, h = blockIdx.x % H, Dk = D / H, i0 = blockIdx.y * kAttentionTile, lane = threadIdx.x % 32;
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    const int i = i0 + (int)threadIdx.x / 32 + r * kAttentionWarps;
+    if (i >= Lq) break;
+    for (int t = 0; t < kSlots; ++t)
+      if (lane + 32 * t < Dk) {
+        const size_t at = ((size_t)b * Lq + i) * D + h * Dk + lane + 32 * t;
+        if (ctx) ctx[at] = acc[r][t];
+        if (ctx16) ctx16[at] = __float2bfloat16(acc[r][t]);
+      }
   }
 }
 
@@ -2657,6 +2667,7 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)  // 4 blocks an SM: at m
     attention_forward_kernel(float* ctx, bf16* ctx16, float* p, const float* q, const float* k, const float* v,
                              const uint8_t* key_valid, bool causal, DropoutKey drop, int H, int Lq, int Lk, int D) {
   drop = at_step(drop);
+  float acc[kRowsPerWarp][kSlots] = {};  // ctx_i for the warp's rows i and the lane's columns (write_context)
   // BEGIN SOLUTION task=attention_kernel points=5
   const int b = blockIdx.x / H, h = blockIdx.x % H, Dk = D / H, ld = attention_ld(Dk), i0 = blockIdx.y * kAttentionTile;
   const int lane = threadIdx.x % 32;
@@ -2692,7 +2703,6 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)  // 4 blocks an SM: at m
       m[r] = mx;
     }
   }
-  float acc[kRowsPerWarp][kSlots] = {};
   for (int j0 = 0; j0 < Lk; j0 += kAttentionTile) {
     if (Lk > kAttentionTile) scores(s, j0), load_head_tile(vs, v, b, h, Lk, j0, D, Dk);  // else s holds the only tile's scores
     float w[kRowsPerWarp];  // p'_ij of the warp's rows i and the lane's key j: dropped out or scaled
@@ -2708,14 +2718,8 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)  // 4 blocks an SM: at m
     add_weighted_rows(acc, ws, vs, min(kAttentionTile, Lk - j0), Lq - i0, Dk);  // (past Lk w is 0)
     __syncthreads();  // before the next tile overwrites this one
   }
-  for (int r = 0; r < kRowsPerWarp; ++r) {
-    const int i = i0 + row_of(r);
-    if (i >= Lq) break;
-    for (int t = 0; t < kSlots; ++t)
-      if (lane + 32 * t < Dk) ctx[((size_t)b * Lq + i) * D + h * Dk + lane + 32 * t] = acc[r][t];
-  }
   // END SOLUTION
-  if (ctx16) ctx_tile_to_bf16(ctx16, ctx, H, Lq, D);
+  write_context(ctx, ctx16, acc, H, Lq, D);
 }
 
 // What the two backward kernels below share, besides add_weighted_rows. The forward was
@@ -2945,9 +2949,11 @@ void attention_forward(float* ctx, float* p, const float* q, const float* k, con
                        bool causal, DropoutKey drop, int B, int Lq, int Lk, int D, int H) {
   if ((size_t)B * H * Lq == 0) return;
   const dim3 grid(B * H, (Lq + kAttentionTile - 1) / kAttentionTile);
+  bool alone;
+  bf16* ctx16 = bf16_twin_of(ctx, (size_t)B * Lq * D, &alone);
   with_head_slots(D, H, [&](auto slots) {
-    LAUNCH(attention_forward_kernel<decltype(slots)::value>, grid, kAttentionThreads, attention_shared_bytes(D / H), ctx,
-           bf16_twin_of(ctx, (size_t)B * Lq * D), p, q, k, v, key_valid, causal, drop, H, Lq, Lk, D);
+    LAUNCH(attention_forward_kernel<decltype(slots)::value>, grid, kAttentionThreads, attention_shared_bytes(D / H), alone ? nullptr : ctx,
+           ctx16, p, q, k, v, key_valid, causal, drop, H, Lq, Lk, D);
   });
 }
 
@@ -3766,8 +3772,9 @@ class GpuModel : public DeviceModel {
   }
   // [mixed precision] The activations that products read after their producer, which writes each one's
   // bf16 twin in the same pass (gpu::set_bf16_twins), so that no product rounds them again, forward or
-  // backward: each attention's ctx, each FFN's h (alone: its fp32 values are not written, as nothing but
-  // its products and the backward's ReLU mask, from the twin's signs, reads h), the embedded inputs x0
+  // backward: each attention's ctx (alone: its fp32 values are not written, as nothing but its products
+  // reads ctx), each FFN's h (alone too: nothing but its products and the backward's ReLU mask, from the
+  // twin's signs, reads h), the embedded inputs x0
   // (their embedding, then their dropout in place, each writes it), and post-LN each sub-layer
   // connection's output (the next sub-layer's input, the encoder's output, the decoder's). Pre-LN's
   // sub-layer inputs come from layernorm_forward, which writes none: they are rounded on their way into the
@@ -3785,11 +3792,12 @@ class GpuModel : public DeviceModel {
       };
       twin_list.push_back({acts.enc.x0, Ms * D}), twin_list.push_back({acts.dec.x0, Mt * D});
       for (const EncoderLayerActs<float>& l : acts.enc_layers) {
-        twin_list.push_back({l.self.ctx, Ms * D}), twin_list.push_back({l.ffn.h, Ms * F, true});
+        twin_list.push_back({l.self.ctx, Ms * D, true}), twin_list.push_back({l.ffn.h, Ms * F, true});
         connection(l.self_sub, Ms), connection(l.ffn_sub, Ms);
       }
       for (const DecoderLayerActs<float>& l : acts.dec_layers) {
-        twin_list.push_back({l.self.ctx, Mt * D}), twin_list.push_back({l.cross.ctx, Mt * D}), twin_list.push_back({l.ffn.h, Mt * F, true});
+        twin_list.push_back({l.self.ctx, Mt * D, true}), twin_list.push_back({l.cross.ctx, Mt * D, true});
+        twin_list.push_back({l.ffn.h, Mt * F, true});
         connection(l.self_sub, Mt), connection(l.cross_sub, Mt), connection(l.ffn_sub, Mt);
       }
       twin_list.push_back({acts.dlogits, Mt * c.V, true}), twin_list.push_back({acts.d_sub, std::max(Ms, Mt) * D});

@@ -35,6 +35,7 @@ mutants=(
   "a producer that leaves its output's bf16 twin stale (residual + LayerNorm)|LAUNCH(residual_dropout_layernorm_kernel, warp_row_blocks(M), kWarpRowThreads, 0, out, bf16_twin_of(out, (size_t)M * D),|LAUNCH(residual_dropout_layernorm_kernel, warp_row_blocks(M), kWarpRowThreads, 0, out, nullptr,"
   "an FFN backward that takes the ReLU's mask from h, not from h's twin listed alone (h not written)|dh, dh16, dw.b1, a.h, bf16_twin_of(a.h, n), (size_t)M,|dh, dh16, dw.b1, a.h, nullptr, (size_t)M,"
   "a warp-level sync where the block must meet (the one-key-tile attention backward: ds read by key before the other warps stage it)|__syncthreads();  // ds and p' staged by every warp|__syncwarp();  // ds and p' staged by every warp"
+  "an attention forward that writes ctx's twin only beside ctx (the twin listed alone in a training step left stale)|if (ctx16) ctx16[at] = __float2bfloat16(acc[r][t]);|if (ctx16 && ctx) ctx16[at] = __float2bfloat16(acc[r][t]);"
   "a launch past the 48 KiB of shared memory without raising the kernel's limit (the one-key-tile attention backward at Dk 100)|dynamic_shared_bytes(kernel, one_key_tile_shared_bytes(D / H))|one_key_tile_shared_bytes(D / H)"
   "a deferred zero fill taken by an op that writes less than all of it (the range's start matched, not its length)|return f.p == p && f.n == n;|return f.p == p;"
   "an op that takes a deferred zero fill and still adds into the buffer (the residual's backward, dy)|dy[i] = (add_dy ? dy[i] : 0.f) +|dy[i] = dy[i] +"

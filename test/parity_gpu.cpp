@@ -107,6 +107,22 @@ std::vector<float> bf16_rounded(std::vector<float> v) {
   return v;
 }
 
+// An op's output x of n elements with its bf16 twin listed alone, as in a training step, against x written in
+// fp32 and rounded into scratch: run(alone, &written) runs the op one way or the other and returns all its
+// outputs, and how many of x's elements were written (x poisoned first: NaN). The outputs must have the same
+// bits, and x must not be written with its twin alone (all of it apart).
+template <typename Run> void same_with_twin_alone(Checker& ck, const char* op, const char* x, size_t n, Run run) {
+  size_t written_alone, written_apart;
+  const std::vector<float> alone = run(true, &written_alone), apart = run(false, &written_apart);
+  size_t differ = alone.size() != apart.size();
+  for (size_t i = 0; i < std::min(alone.size(), apart.size()); ++i) differ += std::memcmp(&alone[i], &apart[i], sizeof(float)) != 0;
+  std::printf("  %-44s %zu of %zu outputs differ in their bits; %s written: %zu of %zu elements (apart: %zu)\n",
+              (std::string("bf16 ") + op + ", " + x + "'s twin alone").c_str(), differ, alone.size(), x, written_alone, n, written_apart);
+  ck.expect(differ == 0, "bf16 %s with %s's twin alone: %zu of %zu outputs differ from %s rounded apart", op, x, differ, alone.size(), x);
+  ck.expect(written_alone == 0 && written_apart == n, "bf16 %s: %s written at %zu of %zu elements with its twin alone (want 0), %zu apart (want all)",
+            op, x, written_alone, n, written_apart);
+}
+
 // bf16 precision against the fp32 CPU: an element's error relative to the larger of itself and the
 // tensor's RMS (a product's rounding error scales with its terms, not with a sum that cancels to zero).
 void same_bf16(Checker& ck, const std::vector<float>& got, const std::vector<float>& want, double tol, const std::string& what) {
@@ -995,15 +1011,43 @@ int main() {
       }
       return all;
     };
-    size_t written_alone, written_apart;
-    const std::vector<float> alone = run(true, &written_alone), apart = run(false, &written_apart);
-    size_t differ = alone.size() != apart.size();
-    for (size_t i = 0; i < std::min(alone.size(), apart.size()); ++i) differ += std::memcmp(&alone[i], &apart[i], sizeof(float)) != 0;
-    std::printf("  %-44s %zu of %zu outputs differ in their bits; h written: %zu of %zu elements (apart: %zu)\n",
-                "bf16 ffn, h's twin alone", differ, alone.size(), written_alone, n, written_apart);
-    ck.expect(differ == 0, "bf16 ffn with h's twin alone: %zu of %zu outputs differ from h rounded apart", differ, alone.size());
-    ck.expect(written_alone == 0 && written_apart == n, "bf16 ffn: h written at %zu of %zu elements with its twin alone (want 0), %zu apart (want all)",
-              written_alone, n, written_apart);
+    same_with_twin_alone(ck, "ffn", "h", n, run);
+  }
+  // The attention's ctx with a twin listed alone, as in a training step: the forward writes the twin from its
+  // sums and not ctx; the output projection W^O and its weight's gradient read the twin. Every output has the
+  // same bits as with ctx written in fp32 and rounded into scratch.
+  {
+    Rand ra{11};
+    std::vector<uint8_t> valid((size_t)B * Lk, 1);
+    valid[Lk - 1] = 0;
+    uint8_t* dvalid = gpu::alloc_bytes(valid.size());
+    gpu::upload(dvalid, valid.data(), valid.size());
+    Buf xq(ra.vec((size_t)M * D)), xkv(ra.vec((size_t)B * Lk * D)), wq(ra.vec(D * D)), wk(ra.vec(D * D)), wv(ra.vec(D * D)),
+        wo(ra.vec(D * D)), dout(ra.vec((size_t)M * D));
+    const size_t n = (size_t)M * D;
+    const auto run = [&](bool alone, size_t* ctx_written) {
+      Buf aq(zeros(n)), ak(zeros((size_t)B * Lk * D)), av(zeros((size_t)B * Lk * D)), ap(zeros((size_t)B * H * Lq * Lk)), actx(zeros(n)),
+          out(zeros(n)), sq(zeros(n)), sk(zeros((size_t)B * Lk * D)), sv(zeros((size_t)B * Lk * D)), sctx(zeros(n));
+      Buf dxq(zeros(n)), dxkv(zeros((size_t)B * Lk * D)), dwq(zeros(D * D)), dwk(zeros(D * D)), dwv(zeros(D * D)), dwo(zeros(D * D));
+      actx.poison();
+      uint8_t* twin = alone ? gpu::alloc_bytes(2 * n) : nullptr;
+      if (alone) gpu::set_bf16_twins({{actx.d, n, true}}, twin);
+      const AttentionActs<float> a{aq.d, ak.d, av.d, ap.d, actx.d}, s{sq.d, sk.d, sv.d, nullptr, sctx.d};
+      const AttentionWeights<float> w{wq.d, wk.d, wv.d, wo.d}, dw{dwq.d, dwk.d, dwv.d, dwo.d};
+      gpu::multihead_attention_forward(out.d, a, xq.d, xkv.d, w, dvalid, false, drop, B, Lq, Lk, D, H);
+      gpu::multihead_attention_backward(dxq.d, dxkv.d, dw, dout.d, a, s, xq.d, xkv.d, w, drop, B, Lq, Lk, D, H);
+      if (alone) gpu::set_bf16_twins({}, nullptr), gpu::release(twin);
+      *ctx_written = 0;
+      for (float x : actx.get()) *ctx_written += !std::isnan(x);
+      std::vector<float> all;
+      for (const Buf* b : {&out, &dxq, &dxkv, &dwq, &dwk, &dwv, &dwo}) {
+        const std::vector<float> v = b->get();
+        all.insert(all.end(), v.begin(), v.end());
+      }
+      return all;
+    };
+    same_with_twin_alone(ck, "attention", "ctx", n, run);
+    gpu::release(dvalid);
   }
   // The whole step in bf16 against the fp32 CPU step. Element by element that is no bound: this tiny model
   // (d 12) is ill-conditioned, and rounding its weights alone to bf16, in double on the CPU, moves single
@@ -1107,11 +1151,11 @@ int main() {
     // rounded, as its producer wrote both (a twin left stale, by a producer that does not write it, is not).
     // Post-LN: each attention's ctx, each FFN's h and each sub-layer connection's output; pre-LN the first
     // two; both, the embedded inputs and the gradients of the logits and of a sub-layer's output. Listed
-    // alone, their fp32 values not written: the FFNs' h (checked above) and the logits' gradient (its
-    // products are the gradient's, checked above).
+    // alone, their fp32 values not written: the attentions' ctx and the FFNs' h (checked above) and the
+    // logits' gradient (its products are the gradient's, checked above).
     {
       const auto twins = gpu::bf16_twins();
-      const size_t want = (size_t)c.N * (pre_ln ? 2 + 3 : 4 + 6) + 4, want_alone = 2 * (size_t)c.N + 1;
+      const size_t want = (size_t)c.N * (pre_ln ? 2 + 3 : 4 + 6) + 4, want_alone = 5 * (size_t)c.N + 1;  // 3 N ctx, 2 N h, the logits' gradient
       size_t stale = 0, elements = 0, alone = 0, alone_written = 0;
       for (const gpu::Bf16Twin& t : twins) {
         elements += t.n;
