@@ -2775,7 +2775,8 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
   auto head = [&](int L, int r) { return ((size_t)b * L + r) * D + h * Dk; };     // where row r's columns of head h start
   auto row_of = [&](int r) { return warp + r * kAttentionWarps; };                 // the warp's r-th row of a tile
   float acc_k[kRowsPerWarp][kSlots] = {}, acc_v[kRowsPerWarp][kSlots] = {};  // dk_j, dv_j of the warp's keys j
-  copy_head_tile(ks, k, b, h, Lk, 0, D, Dk), copy_head_tile(vs, v, b, h, Lk, 0, D, Dk);  // waited for with the first query tile
+  // the keys and values, waited for with the first query tile (no query tile: no copy left in flight)
+  if (Lq > 0) copy_head_tile(ks, k, b, h, Lk, 0, D, Dk), copy_head_tile(vs, v, b, h, Lk, 0, D, Dk);
   for (int i0 = 0; i0 < Lq; i0 += kAttentionTile) {
     copy_head_tile(qs, q, b, h, Lq, i0, D, Dk), copy_head_tile(dcs, dctx, b, h, Lq, i0, D, Dk);
     wait_for_copies();
@@ -2892,7 +2893,7 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
   } else {  // dk_j = scale sum_i ds_ij q_i, dv_j = sum_i p'_ij dctx_i for the tile's keys
     const int j0 = (blockIdx.y - query_tiles) * kAttentionTile;
     float *vks = t0, *qs = t1, *dcs = t2;  // the tile's values; a tile of queries and their dctx rows
-    copy_head_tile(vks, v, b, h, Lk, j0, D, Dk);  // waited for with the first query tile's copies
+    if (Lq > 0) copy_head_tile(vks, v, b, h, Lk, j0, D, Dk);  // waited for with the first query tile's (none: no copy)
     float ds[kRowsPerWarp], pk[kRowsPerWarp];
     for (int i0 = 0; i0 < Lq; i0 += kAttentionTile) {
       load_head_tile(dcs, dctx, b, h, Lq, i0, D, Dk);

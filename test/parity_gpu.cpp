@@ -319,6 +319,18 @@ int main() {
     gpu::release(dvalid);
   }
 
+  // no queries (Lq 0), over keys that fit one tile and over two: dk and dv get nothing added, and no thread
+  // returns with its copies of the keys or values in flight (the emulated GPU refuses that)
+  for (const int lk : {5, 40}) {
+    Buf unused(zeros(1)), k(r.vec((size_t)B * lk * D)), v(r.vec((size_t)B * lk * D)), dk(r.vec((size_t)B * lk * D)),
+        dv(r.vec((size_t)B * lk * D));
+    float* u = unused.h.data();
+    cpu::attention_backward(u, dk.h.data(), dv.h.data(), u, u, u, k.h.data(), v.h.data(), none, B, 0, lk, D, H);
+    gpu::attention_backward(unused.d, dk.d, dv.d, unused.d, unused.d, unused.d, k.d, v.d, none, B, 0, lk, D, H);
+    rep.same(dk, "attention_backward dk (no queries, " + std::to_string(lk) + " keys)");
+    rep.same(dv, "attention_backward dv (no queries, " + std::to_string(lk) + " keys)");
+  }
+
   {  // a head dimension past what the shared memory holds (100) is refused before anything runs
     bool refused = false;
     try {
