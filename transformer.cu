@@ -2634,24 +2634,31 @@ __device__ void add_weighted_rows(float (&acc)[kRowsPerWarp][kSlots], const floa
   }
 }
 
-// The forward's sums acc[r][t] (the warp's rows i = i0 + w + 8 r of the block's query tile, the lane's
-// columns lane + 32 t of head h) as context rows: into ctx, and into ctx16, its bf16 twin for the products
-// (or null). A training step lists the twin alone (ctx null): nothing but the products reads ctx in bf16, so
-// only the twin is written, from registers. (It was written from ctx after a barrier, ctx's fp32 values
-// written and read back: 64 MiB of traffic for each of the base step's 18 attentions.)
-template <int kSlots>
-__device__ void write_context(float* ctx, bf16* ctx16, const float (&acc)[kRowsPerWarp][kSlots], int H, int Lq, int D) {
-  const int b = blockIdx.x / H, h = blockIdx.x % H, Dk = D / H, i0 = blockIdx.y * kAttentionTile, lane = threadIdx.x % 32;
+// f(at, r, t) for the warp's rows i = i0 + w + 8 r of a tile that lie before L and the lane's columns
+// c = lane + 32 t of head h that lie before Dk, at = (b, i, h Dk + c)'s offset in a (B, L, D) tensor: where the
+// attention kernels write their sums acc[r][t] of those rows and columns (context rows, gradients)
+template <int kSlots, typename F>
+__device__ void for_warp_rows(int b, int h, int L, int i0, int D, int Dk, F f) {
+  const int lane = threadIdx.x % 32;
   for (int r = 0; r < kRowsPerWarp; ++r) {
     const int i = i0 + (int)threadIdx.x / 32 + r * kAttentionWarps;
-    if (i >= Lq) break;
+    if (i >= L) break;
     for (int t = 0; t < kSlots; ++t)
-      if (lane + 32 * t < Dk) {
-        const size_t at = ((size_t)b * Lq + i) * D + h * Dk + lane + 32 * t;
-        if (ctx) ctx[at] = acc[r][t];
-        if (ctx16) ctx16[at] = __float2bfloat16(acc[r][t]);
-      }
+      if (lane + 32 * t < Dk) f(((size_t)b * L + i) * D + h * Dk + lane + 32 * t, r, t);
   }
+}
+
+// The forward's sums acc[r][t] (the warp's rows of the block's query tile, the lane's columns of head h) as
+// context rows: into ctx, and into ctx16, its bf16 twin for the products (or null). A training step lists the
+// twin alone (ctx null): nothing but the products reads ctx in bf16, so only the twin is written, from
+// registers. (It was written from ctx after a barrier, ctx's fp32 values written and read back: 64 MiB of
+// traffic for each of the base step's 18 attentions.)
+template <int kSlots>
+__device__ void write_context(float* ctx, bf16* ctx16, const float (&acc)[kRowsPerWarp][kSlots], int H, int Lq, int D) {
+  for_warp_rows<kSlots>(blockIdx.x / H, blockIdx.x % H, Lq, blockIdx.y * kAttentionTile, D, D / H, [&](size_t at, int r, int t) {
+    if (ctx) ctx[at] = acc[r][t];
+    if (ctx16) ctx16[at] = __float2bfloat16(acc[r][t]);
+  });
 }
 
 // Forward: grid (B H, query tiles). Two passes over the key tiles, the scores s_ij = q_i . k_j / sqrt(Dk) in
@@ -2772,7 +2779,6 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
   by_row += warp * kAttentionTile * kRowsPerWarp;  // the warp's ds_ij, lane (key) by lane
   const float scale = rsqrtf((float)Dk), keep_scale = (float)dropout_scale(drop);
   auto at = [&](int i, int j) { return ((size_t)blockIdx.x * Lq + i) * Lk + j; };  // p's offset of (i, j)
-  auto head = [&](int L, int r) { return ((size_t)b * L + r) * D + h * Dk; };     // where row r's columns of head h start
   auto row_of = [&](int r) { return warp + r * kAttentionWarps; };                 // the warp's r-th row of a tile
   float acc_k[kRowsPerWarp][kSlots] = {}, acc_v[kRowsPerWarp][kSlots] = {};  // dk_j, dv_j of the warp's keys j
   // the keys and values, waited for with the first query tile (no query tile: no copy left in flight)
@@ -2796,26 +2802,16 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
     __syncthreads();  // ds and p' staged by every warp
     float acc[kRowsPerWarp][kSlots] = {};  // dq_i of the warp's rows i
     add_weighted_rows(acc, by_row, ks, Lk, Lq - i0, Dk);
-    for (int r = 0; r < kRowsPerWarp; ++r) {
-      const int i = i0 + row_of(r);
-      if (i >= Lq) break;
-      for (int t = 0; t < kSlots; ++t)
-        if (lane + 32 * t < Dk) store_gradient(dq, dq16, head(Lq, i) + lane + 32 * t, acc[r][t] * scale, add);
-    }
+    for_warp_rows<kSlots>(b, h, Lq, i0, D, Dk, [&](size_t at, int r, int t) { store_gradient(dq, dq16, at, acc[r][t] * scale, add); });
     const int queries = min(kAttentionTile, Lq - i0);  // (past Lk ds and p' are 0)
     add_weighted_rows(acc_k, by_key + warp * kByKeyLd, qs, queries, Lk, Dk);
     add_weighted_rows(acc_v, pk_by_key + warp * kByKeyLd, dcs, queries, Lk, Dk);
     __syncthreads();  // before the next query tile overwrites the tiles and the staged values
   }
-  for (int r = 0; r < kRowsPerWarp; ++r) {
-    const int j = row_of(r);
-    if (j >= Lk) break;
-    for (int t = 0; t < kSlots; ++t)
-      if (lane + 32 * t < Dk) {
-        store_gradient(dk, dk16, head(Lk, j) + lane + 32 * t, acc_k[r][t] * scale, add);
-        store_gradient(dv, dv16, head(Lk, j) + lane + 32 * t, acc_v[r][t], add);
-      }
-  }
+  for_warp_rows<kSlots>(b, h, Lk, 0, D, Dk, [&](size_t at, int r, int t) {
+    store_gradient(dk, dk16, at, acc_k[r][t] * scale, add);
+    store_gradient(dv, dv16, at, acc_v[r][t], add);
+  });
 }
 
 // Backward where the keys take more than one tile: grid (B H, query tiles + key tiles), one launch. A query
@@ -2841,7 +2837,6 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
   const float scale = rsqrtf((float)Dk), keep_scale = (float)dropout_scale(drop);
   auto at = [&](int i, int j) { return ((size_t)blockIdx.x * Lq + i) * Lk + j; };  // p's offset of (i, j)
   auto keep = [&](size_t ij) { return keep_factor(drop, ij, keep_scale); };
-  auto head = [&](int L, int r) { return ((size_t)b * L + r) * D + h * Dk; };  // where row r's columns of head h start
   auto row_of = [&](int r) { return warp + r * kAttentionWarps; };  // the warp's r-th row of a tile
   // row_sums(rd, dcs, stream, i0): rd[r] = sum_j p_ij dp_ij for the warp's rows i = i0 + row_of(r), their dctx
   // rows in the tile dcs, over the key tiles in order, each one's values loaded into the tile stream
@@ -2884,12 +2879,7 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
       add_weighted_rows(acc, st, ks, min(kAttentionTile, Lk - j0), Lq - i0, Dk);  // (past Lk ds is 0)
       __syncthreads();  // before the next tiles overwrite these
     }
-    for (int r = 0; r < kRowsPerWarp; ++r) {
-      const int i = i0 + row_of(r);
-      if (i >= Lq) break;
-      for (int t = 0; t < kSlots; ++t)
-        if (lane + 32 * t < Dk) store_gradient(dq, dq16, head(Lq, i) + lane + 32 * t, acc[r][t] * scale, add);
-    }
+    for_warp_rows<kSlots>(b, h, Lq, i0, D, Dk, [&](size_t at, int r, int t) { store_gradient(dq, dq16, at, acc[r][t] * scale, add); });
   } else {  // dk_j = scale sum_i ds_ij q_i, dv_j = sum_i p'_ij dctx_i for the tile's keys
     const int j0 = (blockIdx.y - query_tiles) * kAttentionTile;
     float *vks = t0, *qs = t1, *dcs = t2;  // the tile's values; a tile of queries and their dctx rows
@@ -2921,15 +2911,10 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
       add_weighted_rows(acc_v, st + kStageFloats / 2, dcs, queries, Lk - j0, Dk);
       __syncthreads();  // before the next tiles overwrite these
     }
-    for (int r = 0; r < kRowsPerWarp; ++r) {
-      const int j = j0 + row_of(r);
-      if (j >= Lk) break;
-      for (int t = 0; t < kSlots; ++t)
-        if (lane + 32 * t < Dk) {
-          store_gradient(dk, dk16, head(Lk, j) + lane + 32 * t, acc[r][t] * scale, add);
-          store_gradient(dv, dv16, head(Lk, j) + lane + 32 * t, acc_v[r][t], add);
-        }
-    }
+    for_warp_rows<kSlots>(b, h, Lk, j0, D, Dk, [&](size_t at, int r, int t) {
+      store_gradient(dk, dk16, at, acc[r][t] * scale, add);
+      store_gradient(dv, dv16, at, acc_v[r][t], add);
+    });
   }
 }
 
