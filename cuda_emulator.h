@@ -15,6 +15,8 @@
 //   - launches are refused as CUDA refuses them (cudaErrorInvalidConfiguration for more than 1024
 //     threads or a zero grid, cudaErrorInvalidValue for dynamic shared memory over 48 KiB unless raised
 //     with cudaFuncSetAttribute);
+//   - the tensor cores' wmma (TF32, m16n16k8): a fragment spread over the lanes, load, store and mma as warp
+//     collectives that every lane reaches with the same pointer (32-byte aligned) and ldm (a multiple of 4);
 //   - cuBLAS (cublasSgemm, cublasSgemmStridedBatched, cublasGemmEx and cublasGemmStridedBatchedEx on fp32 or
 //     bf16 operands) computes by cpu::gemm with cuBLAS's argument checks; TF32 math rounds fp32 operands as
 //     the tensor cores do;
@@ -56,6 +58,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "transformer.h"  // cpu::gemm computes cuBLAS's products
@@ -232,9 +235,10 @@ constexpr size_t kStackBytes = 64 * 1024;  // per emulated thread; kernels' fram
 
 enum class Order { inorder, reverse, shuffle };
 enum class Wait { running, barrier, warp, exited };
-enum class Collective { shfl, shfl_xor, shfl_down, ballot, syncwarp };
+enum class Collective { shfl, shfl_xor, shfl_down, ballot, syncwarp, wmma_load, wmma_store, wmma_mma };
 inline const char* collective_name(Collective c) {
-  static const char* names[] = {"__shfl_sync", "__shfl_xor_sync", "__shfl_down_sync", "__ballot_sync", "__syncwarp"};
+  static const char* names[] = {"__shfl_sync", "__shfl_xor_sync", "__shfl_down_sync", "__ballot_sync", "__syncwarp",
+                                "wmma::load_matrix_sync", "wmma::store_matrix_sync", "wmma::mma_sync"};
   return names[(int)c];
 }
 
@@ -249,6 +253,9 @@ struct Thread {
   unsigned mask = 0;
   uint64_t value = 0, result = 0;  // a collective's operand and its outcome
   int arg = 0, width = 32;
+  // wmma::mma_sync: the lane's fragments d, a, b, c, and what computes d over the warp's lanes when all are there
+  void* mma_fragments[4] = {};
+  void (*mma)(Thread* lanes) = nullptr;
   // its asynchronous copies (__pipeline_memcpy_async) not yet done: groups committed, oldest first, then
   // the copies after the last commit; a copy is done only when a wait covers its group
   struct Copy { void* to; const void* from; size_t bytes; };
@@ -494,6 +501,17 @@ inline bool complete_collective(const Thread& t) {
   }
   if (!ready) return false;
   const unsigned mask = t.mask;  // t's own fields change below
+  if (t.kind >= Collective::wmma_load) {  // the warp's matrix operations: one pointer, one ldm, one function
+    for (unsigned l = 0; l < (unsigned)warpSize; ++l) {
+      const Thread& u = s.threads[base + l];
+      if (u.value != t.value || u.arg != t.arg || u.mma != t.mma) {
+        s.failure = format("%s at line %d: lane %u passes %s than lane %u (a warp's lanes pass the same)", name, t.line, l,
+                           u.mma != t.mma ? "other fragment types" : u.arg != t.arg ? "another ldm" : "another pointer", t.lane);
+        return false;
+      }
+    }
+    if (t.kind == Collective::wmma_mma) t.mma(&s.threads[base]);
+  }
   uint64_t ballot = 0;
   for (unsigned l = 0; l < (unsigned)warpSize; ++l)
     if (mask >> l & 1u) ballot |= (uint64_t)(s.threads[base + l].value != 0) << l;
@@ -728,9 +746,10 @@ template <typename L> void run_grid(L call, const char* name, dim3 grid, dim3 bl
   if (s.dry_run) return;
   s.body = &L::run, s.body_arg = &call;
   s.kernel = name, s.grid_dim = grid, s.block_dim = block;
-  // its own allocation, which AddressSanitizer guards at its end, aligned to 16 bytes as a GPU's is
+  // its own allocation, which AddressSanitizer guards at its end, aligned to 32 bytes as transformer.cu declares
+  // it (wmma's operands)
   void* dynamic_bytes = nullptr;
-  if (posix_memalign(&dynamic_bytes, 16, std::max<size_t>(shared, 1)) != 0) throw std::bad_alloc();
+  if (posix_memalign(&dynamic_bytes, 32, std::max<size_t>(shared, 1)) != 0) throw std::bad_alloc();
   const std::unique_ptr<unsigned char, decltype(&free)> dynamic((unsigned char*)dynamic_bytes, &free);
   s.dynamic_shared = dynamic.get();
   signal(SIGALRM, on_timeout);
@@ -840,6 +859,123 @@ inline void __pipeline_wait_prior(size_t n) {
     t.copy_groups.erase(t.copy_groups.begin());
   }
 }
+
+// ---- tensor cores: nvcuda::wmma (mma.h) in TF32, the shape m16n16k8 (sm_80 on) ---------------------------------
+// A fragment is spread over the warp's lanes, as on a GPU, in a mapping of the emulator's own (CUDA leaves it
+// unspecified): element e of the tile, numbered row by row, is lane e % 32's x[e / 32]. x[] holds a GPU's
+// number of elements (4 of a 16 x 8 operand, 8 of the 16 x 16 accumulator), and a kernel that assumes which
+// element a lane holds computes something else here. load_matrix_sync, mma_sync and store_matrix_sync are warp
+// collectives: every lane of the warp, with the same pointer (32-byte aligned) and ldm (a multiple of 4
+// floats); they wait for all lanes, then each lane loads or stores its own elements, so a lane that reads what
+// another stored must meet it first. mma_sync computes D = A B + C over the warp's fragments when its last lane
+// arrives, reading A and B as the tensor cores read TF32: the mantissa's low 13 bits ignored
+// (wmma::__float_to_tf32 rounds them away first), the products exact, the sums in fp32.
+namespace nvcuda {
+namespace wmma {
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+struct col_major {};
+namespace precision {
+struct tf32 {};
+}  // namespace precision
+enum layout_t { mem_row_major, mem_col_major };
+
+template <typename Use, int M, int N, int K, typename T, typename Layout = void> struct fragment {
+  static_assert(M == 16 && N == 16 && K == 8, "the emulated tensor cores have the TF32 shape m16n16k8");
+  static_assert(std::is_same_v<Use, accumulator> ? std::is_same_v<T, float> : std::is_same_v<T, precision::tf32>,
+                "TF32 operands, fp32 sums");
+  static constexpr int rows = std::is_same_v<Use, matrix_b> ? K : M, cols = std::is_same_v<Use, matrix_a> ? K : N;
+  static constexpr int num_elements = rows * cols / 32;
+  float x[num_elements];
+};
+
+// cvt.rna.tf32.f32: f rounded to TF32's 10-bit mantissa, to nearest, ties away from zero
+inline float __float_to_tf32(float f) {
+  uint32_t b = (uint32_t)::emu::to_bits(f);
+  if ((b & 0x7f800000u) != 0x7f800000u) b = (b + 0x1000u) & ~0x1fffu;
+  return ::emu::from_bits<float>(b);
+}
+template <typename Use, typename T, typename Layout> void fill_fragment(fragment<Use, 16, 16, 8, T, Layout>& f, float v) {
+  for (float& e : f.x) e = v;
+}
+}  // namespace wmma
+}  // namespace nvcuda
+
+namespace emu {
+// Waits for the warp at a wmma load or store of p with leading dimension ldm; false (a finding) where p or ldm
+// break CUDA's rules.
+inline bool warp_matrix_access(Collective kind, const void* p, unsigned ldm, int line) {
+  State& s = state();
+  if ((uintptr_t)p % 32 || ldm % 4) {
+    if (s.failure.empty())
+      s.failure = format("%s at line %d: %s", collective_name(kind), line,
+                         (uintptr_t)p % 32 ? format("%p is not 32-byte aligned", p).c_str() : format("ldm %u is not a multiple of 4 floats", ldm).c_str());
+    return false;
+  }
+  this_thread().mma = nullptr;  // (compared across the lanes with p and ldm)
+  collective(kind, 0xffffffffu, to_bits(p), (int)ldm, warpSize, line);
+  return true;
+}
+// Element e of fragment F in memory at p: row-major with leading dimension ldm, or column-major
+template <typename F> size_t matrix_offset(int e, unsigned ldm, bool row_major) {
+  const int r = e / F::cols, c = e % F::cols;
+  return row_major ? (size_t)r * ldm + c : r + (size_t)c * ldm;
+}
+// The warp's mma_sync, once every lane is there: lanes[l].mma_fragments = l's d, a, b, c (one instance for
+// each pair of operand layouts, so that lanes that pass other types are told apart)
+template <typename FA, typename FB> void mma_over_warp(Thread* lanes) {
+  auto at = [&](int which, int e) { return ((const float*)lanes[e % 32].mma_fragments[which])[e / 32]; };  // element e, from its lane
+  auto tf32 = [](float f) {  // as the tensor cores read it
+    uint32_t b = (uint32_t)to_bits(f);
+    return (b & 0x7f800000u) == 0x7f800000u ? f : from_bits<float>(b & ~0x1fffu);
+  };
+  float d[16 * 16];
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 16; ++j) {
+      float sum = at(3, i * 16 + j);
+      for (int k = 0; k < 8; ++k) sum += tf32(at(1, i * 8 + k)) * tf32(at(2, k * 16 + j));
+      d[i * 16 + j] = sum;
+    }
+  for (int e = 0; e < 16 * 16; ++e) ((float*)lanes[e % 32].mma_fragments[0])[e / 32] = d[e];  // after every read: d may be c
+}
+}  // namespace emu
+
+namespace nvcuda {
+namespace wmma {
+template <typename Use, typename Layout>
+void load_matrix_sync(fragment<Use, 16, 16, 8, precision::tf32, Layout>& f, const float* p, unsigned ldm, int line = __builtin_LINE()) {
+  using F = fragment<Use, 16, 16, 8, precision::tf32, Layout>;
+  if (!::emu::warp_matrix_access(::emu::Collective::wmma_load, p, ldm, line)) return;
+  const int lane = (int)::emu::this_thread().lane;
+  for (int k = 0; k < F::num_elements; ++k) f.x[k] = p[::emu::matrix_offset<F>(lane + 32 * k, ldm, std::is_same_v<Layout, row_major>)];
+}
+inline void load_matrix_sync(fragment<accumulator, 16, 16, 8, float>& f, const float* p, unsigned ldm, layout_t layout,
+                             int line = __builtin_LINE()) {
+  using F = fragment<accumulator, 16, 16, 8, float>;
+  if (!::emu::warp_matrix_access(::emu::Collective::wmma_load, p, ldm, line)) return;
+  const int lane = (int)::emu::this_thread().lane;
+  for (int k = 0; k < F::num_elements; ++k) f.x[k] = p[::emu::matrix_offset<F>(lane + 32 * k, ldm, layout == mem_row_major)];
+}
+inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 8, float>& f, unsigned ldm, layout_t layout,
+                              int line = __builtin_LINE()) {
+  using F = fragment<accumulator, 16, 16, 8, float>;
+  if (!::emu::warp_matrix_access(::emu::Collective::wmma_store, p, ldm, line)) return;
+  const int lane = (int)::emu::this_thread().lane;
+  for (int k = 0; k < F::num_elements; ++k) p[::emu::matrix_offset<F>(lane + 32 * k, ldm, layout == mem_row_major)] = f.x[k];
+}
+template <typename LA, typename LB>
+void mma_sync(fragment<accumulator, 16, 16, 8, float>& d, const fragment<matrix_a, 16, 16, 8, precision::tf32, LA>& a,
+              const fragment<matrix_b, 16, 16, 8, precision::tf32, LB>& b, const fragment<accumulator, 16, 16, 8, float>& c,
+              int line = __builtin_LINE()) {
+  ::emu::Thread& t = ::emu::this_thread();
+  t.mma_fragments[0] = d.x, t.mma_fragments[1] = (void*)a.x, t.mma_fragments[2] = (void*)b.x, t.mma_fragments[3] = (void*)c.x;
+  t.mma = &::emu::mma_over_warp<std::decay_t<decltype(a)>, std::decay_t<decltype(b)>>;
+  ::emu::collective(::emu::Collective::wmma_mma, 0xffffffffu, 0, 0, warpSize, line);
+}
+}  // namespace wmma
+}  // namespace nvcuda
 
 // ---- the runtime API ------------------------------------------------------------------------------
 inline const char* cudaGetErrorName(cudaError_t e) {

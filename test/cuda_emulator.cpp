@@ -8,9 +8,13 @@
 //     __syncwarp completes runs ahead of the other warps, so a race between warps shows under each order;
 //   - asynchronous copies (__pipeline_memcpy_async): none done before the wait that covers its group, the
 //     zero-filled bytes zeros;
+//   - tensor cores (wmma, TF32 m16n16k8): D = A B + C against its definition in double on operands rounded by
+//     __float_to_tf32 (to nearest, ties away), B row- and column-major, C loaded and D stored both ways; which
+//     lane holds which element;
 //   - findings: a __syncthreads only some threads reach, barriers at different lines, a collective whose
 //     mask names a returned lane or leaves the caller out, a read from a lane outside the mask, a deadlock,
-//     a thread that returns with asynchronous copies not waited for, a misaligned asynchronous copy,
+//     a thread that returns with asynchronous copies not waited for, a misaligned asynchronous copy, wmma
+//     operations with a misaligned pointer, a bad ldm, lanes that pass different pointers, a lane that returned,
 //     a kernel that never ends (in a child process, CUDA_EMULATOR_TIMEOUT), a write past a device
 //     allocation (in a child process: AddressSanitizer); each names the kernel and is sticky until
 //     cudaDeviceReset;
@@ -128,6 +132,46 @@ __global__ void async_copy_kernel(float* out, const float* in) {
   out[256 + t] = b[t], out[320 + t] = c[4 * t + 1], out[384 + t] = c[4 * t + 3];
 }
 
+// Tensor cores (wmma, TF32 m16n16k8): one warp, D (16 x 16) = A (16 x K) B (K x 16) + C, A and B rounded to TF32
+// (__float_to_tf32), B read row-major or column-major (BLayout), C loaded column-major, D stored row-major into d
+// and column-major into d_col; a, b (row-major, K x 16) and c (16 x 16) in global memory, K a multiple of 8 up to 32.
+template <typename BLayout>
+__global__ void wmma_kernel(float* d, float* d_col, const float* a, const float* b, const float* c, int K) {
+  namespace wmma = nvcuda::wmma;
+  constexpr int ld = 36;  // a multiple of 4 floats
+  alignas(32) __shared__ float sa[16 * ld], sb[32 * ld], sc[16 * ld];
+  const bool b_col = std::is_same_v<BLayout, wmma::col_major>;
+  for (int i = threadIdx.x; i < 16 * K; i += 32) sa[i / K * ld + i % K] = a[i];
+  for (int i = threadIdx.x; i < K * 16; i += 32) sb[b_col ? i % 16 * ld + i / 16 : i / 16 * ld + i % 16] = b[i];
+  for (int i = threadIdx.x; i < 16 * 16; i += 32) sc[i % 16 * ld + i / 16] = c[i];
+  __syncwarp();
+  wmma::fragment<wmma::accumulator, 16, 16, 8, float> acc;
+  wmma::load_matrix_sync(acc, sc, ld, wmma::mem_col_major);
+  for (int k0 = 0; k0 < K; k0 += 8) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, BLayout> fb;
+    wmma::load_matrix_sync(fa, sa + k0, ld);
+    wmma::load_matrix_sync(fb, b_col ? sb + k0 : sb + k0 * ld, ld);
+    for (float& x : fa.x) x = wmma::__float_to_tf32(x);
+    for (float& x : fb.x) x = wmma::__float_to_tf32(x);
+    wmma::mma_sync(acc, fa, fb, acc);
+  }
+  wmma::store_matrix_sync(sa, acc, ld, wmma::mem_row_major);  // into A's tile, which every lane has read
+  wmma::store_matrix_sync(sb, acc, ld, wmma::mem_col_major);
+  __syncwarp();  // each lane stored its own elements
+  for (int i = threadIdx.x; i < 256; i += 32) d[i] = sa[i / 16 * ld + i % 16], d_col[i] = sb[i % 16 * ld + i / 16];
+}
+// Each lane's accumulator elements set to its lane number and stored: which element a lane holds (CUDA leaves
+// it unspecified; the emulator's own mapping)
+__global__ void wmma_mapping_kernel(float* out) {
+  alignas(32) __shared__ float s[16 * 16];
+  nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 8, float> f;
+  for (float& x : f.x) x = (float)threadIdx.x;
+  nvcuda::wmma::store_matrix_sync(s, f, 16, nvcuda::wmma::mem_row_major);
+  __syncwarp();
+  for (int i = threadIdx.x; i < 256; i += 32) out[i] = s[i];
+}
+
 // ---- kernels the emulator must reject --------------------------------------------------------------------
 __global__ void unwaited_copy_kernel(float* out) {  // returns with its copy not waited for
   __shared__ float a[64];
@@ -139,6 +183,35 @@ __global__ void misaligned_copy_kernel(float* out) {  // 16 bytes from an addres
   __pipeline_memcpy_async(&a[4 * threadIdx.x], &out[4 * threadIdx.x + 1], 16);
   __pipeline_commit();
   __pipeline_wait_prior(0);
+}
+// wmma loads CUDA leaves undefined: a pointer off the 32-byte grid, an ldm not a multiple of 4 floats, lanes
+// passing different pointers; and a lane that returns before the warp's mma_sync
+__global__ void wmma_misaligned_kernel(float* out) {
+  alignas(32) __shared__ float s[16 * 16 + 4];
+  nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 8, nvcuda::wmma::precision::tf32, nvcuda::wmma::row_major> f;
+  nvcuda::wmma::load_matrix_sync(f, s + 4, 16);
+  out[threadIdx.x] = f.x[0];
+}
+__global__ void wmma_bad_ldm_kernel(float* out) {
+  alignas(32) __shared__ float s[16 * 16];
+  nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 8, nvcuda::wmma::precision::tf32, nvcuda::wmma::row_major> f;
+  nvcuda::wmma::load_matrix_sync(f, s, 10);
+  out[threadIdx.x] = f.x[0];
+}
+__global__ void wmma_lanes_disagree_kernel(float* out) {
+  alignas(32) __shared__ float s[2 * 16 * 16];
+  nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 8, nvcuda::wmma::precision::tf32, nvcuda::wmma::col_major> f;
+  nvcuda::wmma::load_matrix_sync(f, s + threadIdx.x % 2 * 256, 16);
+  out[threadIdx.x] = f.x[0];
+}
+__global__ void wmma_lane_returned_kernel(float* out) {
+  nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 8, nvcuda::wmma::precision::tf32, nvcuda::wmma::row_major> a;
+  nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 8, nvcuda::wmma::precision::tf32, nvcuda::wmma::row_major> b;
+  nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 8, float> c;
+  nvcuda::wmma::fill_fragment(a, 1.f), nvcuda::wmma::fill_fragment(b, 1.f), nvcuda::wmma::fill_fragment(c, 0.f);
+  if (threadIdx.x == 9) return;
+  nvcuda::wmma::mma_sync(c, a, b, c);
+  out[threadIdx.x] = c.x[0];
 }
 __global__ void early_return_kernel(float* out) {
   if (threadIdx.x >= 100) return;
@@ -397,22 +470,69 @@ int main() {
     cudaFree(out);
   }
 
-  // findings, each naming the kernel
-  float* out = device<float>(256);
-  expect_finding(ck, "early_return_kernel", early_return_kernel, 128, "reached by 100 of the block's 128 threads", out);
-  expect_finding(ck, "two_barriers_kernel", two_barriers_kernel, 64, "different __syncthreads", out);
-  out = device<float>(256);
-  expect_finding(ck, "exited_lane_kernel", exited_lane_kernel, 32, "names lane 7, which has returned", out);
-  out = device<float>(256);
-  expect_finding(ck, "caller_outside_mask_kernel", caller_outside_mask_kernel, 32, "leaves the lane out", out);
-  out = device<float>(256);
-  expect_finding(ck, "lane_outside_mask_kernel", lane_outside_mask_kernel, 32, "reads lane 20, which is not in the mask", out);
-  out = device<float>(256);
-  expect_finding(ck, "deadlock_kernel", deadlock_kernel, 64, "deadlock: 63 at __syncthreads", out);
-  out = device<float>(256);
-  expect_finding(ck, "unwaited_copy_kernel", unwaited_copy_kernel, 64, "returned with asynchronous copies", out);
-  out = device<float>(256);
-  expect_finding(ck, "misaligned_copy_kernel", misaligned_copy_kernel, 32, "not 4, 8 or 16 bytes aligned", out);
+  {  // tensor cores (wmma, TF32 m16n16k8): D = A B + C against the definition in double on the TF32-rounded operands
+    const float tie = 1.f + std::ldexp(1.f, -11);  // half a TF32 unit past 1: rounds away from zero
+    ck.expect(nvcuda::wmma::__float_to_tf32(tie) == 1.f + std::ldexp(1.f, -10) && nvcuda::wmma::__float_to_tf32(-tie) == -(1.f + std::ldexp(1.f, -10)) &&
+                  nvcuda::wmma::__float_to_tf32(std::nextafter(tie, 0.f)) == 1.f && std::isnan(nvcuda::wmma::__float_to_tf32(NAN)) &&
+                  nvcuda::wmma::__float_to_tf32(INFINITY) == INFINITY,
+              "__float_to_tf32: to nearest, ties away from zero; NaN and infinity kept");
+    auto tf32 = [](float x) { return (double)nvcuda::wmma::__float_to_tf32(x); };
+    for (int K : {8, 32})
+      for (bool b_col : {false, true}) {
+        std::mt19937 rng(K + b_col);
+        std::uniform_real_distribution<float> u(-2, 2);
+        std::vector<float> a(16 * K), b(K * 16), c(256);
+        for (float& x : a) x = u(rng);
+        for (float& x : b) x = u(rng);
+        for (float& x : c) x = u(rng);
+        float *da = device<float>(a.size()), *db = device<float>(b.size()), *dc = device<float>(256), *dd = device<float>(512);
+        cudaMemcpy(da, a.data(), a.size() * 4, cudaMemcpyHostToDevice), cudaMemcpy(db, b.data(), b.size() * 4, cudaMemcpyHostToDevice);
+        cudaMemcpy(dc, c.data(), 256 * 4, cudaMemcpyHostToDevice);
+        if (b_col) RUN(wmma_kernel<nvcuda::wmma::col_major>, 1, 32, 0, dd, dd + 256, da, db, dc, K);
+        else RUN(wmma_kernel<nvcuda::wmma::row_major>, 1, 32, 0, dd, dd + 256, da, db, dc, K);
+        const std::vector<float> d = download(dd, 512);
+        double worst = 0;
+        for (int i = 0; i < 16; ++i)
+          for (int j = 0; j < 16; ++j) {
+            double want = c[i * 16 + j], size = std::fabs(want);
+            for (int k = 0; k < K; ++k) want += tf32(a[i * K + k]) * tf32(b[k * 16 + j]), size += std::fabs(tf32(a[i * K + k]) * tf32(b[k * 16 + j]));
+            for (int half : {0, 256}) worst = std::max(worst, std::fabs(d[half + i * 16 + j] - want) / size);
+          }
+        ck.expect(cudaGetLastError() == cudaSuccess && worst < 1e-6, "wmma_kernel K %d, B %s: worst error %.2g of the sum of |terms| (tol 1e-6)", K,
+                  b_col ? "column-major" : "row-major", worst);
+        std::printf("  wmma m16n16k8 TF32, K %d, B %s: D stored both ways, worst error %.2g of the sum of |terms| (tol 1e-6)\n", K,
+                    b_col ? "column-major" : "row-major", worst);
+        cudaFree(da), cudaFree(db), cudaFree(dc), cudaFree(dd);
+      }
+    float* m = device<float>(256);
+    RUN(wmma_mapping_kernel, 1, 32, 0, m);
+    const std::vector<float> h = download(m, 256);
+    int off = 0;
+    for (int e = 0; e < 256; ++e) off += h[e] != (float)(e % 32);
+    ck.expect(off == 0, "wmma fragments: %d of 256 accumulator elements not held by lane e %% 32", off);
+    cudaFree(m);
+  }
+
+  // findings, each naming the kernel (each with an allocation of its own: cudaDeviceReset frees them)
+  struct Finding {
+    const char* name;
+    void (*kernel)(float*);
+    unsigned threads;
+    const char* what;
+  };
+  for (const Finding& f : {Finding{"early_return_kernel", early_return_kernel, 128, "reached by 100 of the block's 128 threads"},
+                           Finding{"two_barriers_kernel", two_barriers_kernel, 64, "different __syncthreads"},
+                           Finding{"exited_lane_kernel", exited_lane_kernel, 32, "names lane 7, which has returned"},
+                           Finding{"caller_outside_mask_kernel", caller_outside_mask_kernel, 32, "leaves the lane out"},
+                           Finding{"lane_outside_mask_kernel", lane_outside_mask_kernel, 32, "reads lane 20, which is not in the mask"},
+                           Finding{"deadlock_kernel", deadlock_kernel, 64, "deadlock: 63 at __syncthreads"},
+                           Finding{"unwaited_copy_kernel", unwaited_copy_kernel, 64, "returned with asynchronous copies"},
+                           Finding{"misaligned_copy_kernel", misaligned_copy_kernel, 32, "not 4, 8 or 16 bytes aligned"},
+                           Finding{"wmma_misaligned_kernel", wmma_misaligned_kernel, 32, "is not 32-byte aligned"},
+                           Finding{"wmma_bad_ldm_kernel", wmma_bad_ldm_kernel, 32, "ldm 10 is not a multiple of 4 floats"},
+                           Finding{"wmma_lanes_disagree_kernel", wmma_lanes_disagree_kernel, 32, "passes another pointer than lane"},
+                           Finding{"wmma_lane_returned_kernel", wmma_lane_returned_kernel, 32, "mask 0xffffffff names lane 9, which has returned"}})
+    expect_finding(ck, f.name, f.kernel, f.threads, f.what, device<float>(256));
   const auto [spin, spin_err] = in_child([] {
     emu::state().timeout = 1;
     int* flag = device<int>(1);
@@ -437,7 +557,7 @@ int main() {
 #endif
 
   // launches CUDA refuses (not sticky: the next launch works)
-  out = device<float>(2048);
+  float* out = device<float>(2048);
   RUN(nothing_kernel, 1, 1025, 0, out);
   ck.expect(cudaGetLastError() == cudaErrorInvalidConfiguration, "1025 threads: cudaErrorInvalidConfiguration");
   RUN(nothing_kernel, 0, 32, 0, out);
