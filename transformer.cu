@@ -1989,11 +1989,13 @@ constexpr bool kEmulatedGpu = true;
 #include <cuda_bf16.h>
 #include <cuda_pipeline.h>
 #include <cuda_runtime.h>
+#include <mma.h>
 constexpr bool kEmulatedGpu = false;
 #define KERNEL_LAUNCH(kernel, grid, block, shared, ...) kernel<<<grid, block, shared, gpu::stream()>>>(__VA_ARGS__)
-// The block's dynamic shared memory (the launch's third argument), as an array of T.
+// The block's dynamic shared memory (the launch's third argument), as an array of T; 32-byte aligned, as the
+// tensor cores' operands (wmma) must be.
 template <typename T> __device__ T* dynamic_shared() {
-  extern __shared__ __align__(16) unsigned char dynamic_shared_bytes[];
+  extern __shared__ __align__(32) unsigned char dynamic_shared_bytes[];
   return (T*)dynamic_shared_bytes;
 }
 #endif
@@ -2648,17 +2650,44 @@ __device__ void for_warp_rows(int b, int h, int L, int i0, int D, int Dk, F f) {
   }
 }
 
-// The forward's sums acc[r][t] (the warp's rows of the block's query tile, the lane's columns of head h) as
-// context rows: into ctx, and into ctx16, its bf16 twin for the products (or null). A training step lists the
-// twin alone (ctx null): nothing but the products reads ctx in bf16, so only the twin is written, from
-// registers. (It was written from ctx after a barrier, ctx's fp32 values written and read back: 64 MiB of
-// traffic for each of the base step's 18 attentions.)
-template <int kSlots>
-__device__ void write_context(float* ctx, bf16* ctx16, const float (&acc)[kRowsPerWarp][kSlots], int H, int Lq, int D) {
+// The forward's context rows: context(r, t), ctx_i's column lane + 32 t of head h for the warp's rows i of the
+// block's query tile, into ctx, and into ctx16, its bf16 twin for the products (or null). A training step lists
+// the twin alone (ctx null): nothing but the products reads ctx in bf16, so only the twin is written. (It was
+// written from ctx after a barrier, ctx's fp32 values written and read back: 64 MiB of traffic for each of the
+// base step's 18 attentions.)
+template <int kSlots, typename F>
+__device__ void write_context(float* ctx, bf16* ctx16, int H, int Lq, int D, F context) {
   for_warp_rows<kSlots>(blockIdx.x / H, blockIdx.x % H, Lq, blockIdx.y * kAttentionTile, D, D / H, [&](size_t at, int r, int t) {
-    if (ctx) ctx[at] = acc[r][t];
-    if (ctx16) ctx16[at] = __float2bfloat16(acc[r][t]);
+    const float c = context(r, t);
+    if (ctx) ctx[at] = c;
+    if (ctx16) ctx16[at] = __float2bfloat16(c);
   });
+}
+
+// The forward kernels' first pass: m[r], the max of the warp's row r's scores, and l[r], its sum of
+// exp(s_ij - m[r]), over the key tiles in turn (scores(s, j0) leaves the tile at j0's scores of the warp's rows
+// and the lane's key in s, -inf where masked), the sum rescaled as the max grows. s keeps the last tile's.
+template <typename Scores>
+__device__ void softmax_statistics(float (&m)[kRowsPerWarp], float (&l)[kRowsPerWarp], float (&s)[kRowsPerWarp], int Lk, Scores scores) {
+  for (int r = 0; r < kRowsPerWarp; ++r) m[r] = -INFINITY, l[r] = 0;
+  for (int j0 = 0; j0 < Lk; j0 += kAttentionTile) {
+    scores(s, j0);
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      const float tile_max = warp_max(s[r]);
+      if (tile_max == -INFINITY) continue;  // no visible key in this tile
+      const float mx = fmaxf(m[r], tile_max);
+      l[r] = l[r] * expf(m[r] - mx) + warp_sum(expf(s[r] - mx));
+      m[r] = mx;
+    }
+  }
+}
+// The forward kernels' second pass, one weight: p_ij = exp(s_ij - m_i) / l_i, written into p at `at` where (i, j)
+// lies inside the matrix (in); a masked key, and every key of a row with none visible, get 0, as on the CPU.
+// Returns p'_ij: 0 where attention dropout drops it, else p_ij / (1 - p_drop).
+__device__ float attention_weight(float* p, size_t at, bool in, float s, float m, float l, const DropoutKey& drop, float keep_scale) {
+  const float pij = s == -INFINITY ? 0.f : expf(s - m) / l;
+  if (in) p[at] = pij;
+  return drop.p > 0 && pij != 0 && !dropout_keeps(drop, at) ? 0.f : pij * keep_scale;
 }
 
 // Forward: grid (B H, query tiles). Two passes over the key tiles, the scores s_ij = q_i . k_j / sqrt(Dk) in
@@ -2699,26 +2728,13 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)  // 4 blocks an SM: at m
   if (Lk <= kAttentionTile) copy_head_tile(ks, k, b, h, Lk, 0, D, Dk), copy_head_tile(vs, v, b, h, Lk, 0, D, Dk);
   wait_for_copies();
   float s[kRowsPerWarp], m[kRowsPerWarp], l[kRowsPerWarp];
-  for (int r = 0; r < kRowsPerWarp; ++r) m[r] = -INFINITY, l[r] = 0;
-  for (int j0 = 0; j0 < Lk; j0 += kAttentionTile) {  // the rows' max and sum of exponentials
-    scores(s, j0);
-    for (int r = 0; r < kRowsPerWarp; ++r) {
-      const float tile_max = warp_max(s[r]);
-      if (tile_max == -INFINITY) continue;  // no visible key in this tile
-      const float mx = fmaxf(m[r], tile_max);
-      l[r] = l[r] * expf(m[r] - mx) + warp_sum(expf(s[r] - mx));
-      m[r] = mx;
-    }
-  }
+  softmax_statistics(m, l, s, Lk, scores);  // the rows' max and sum of exponentials
   for (int j0 = 0; j0 < Lk; j0 += kAttentionTile) {
     if (Lk > kAttentionTile) scores(s, j0), load_head_tile(vs, v, b, h, Lk, j0, D, Dk);  // else s holds the only tile's scores
     float w[kRowsPerWarp];  // p'_ij of the warp's rows i and the lane's key j: dropped out or scaled
     for (int r = 0; r < kRowsPerWarp; ++r) {
       const int i = i0 + row_of(r), j = j0 + lane;
-      // a masked key, and every key of a row with none visible, get 0, as on the CPU
-      const float pij = s[r] == -INFINITY ? 0.f : expf(s[r] - m[r]) / l[r];
-      if (i < Lq && j < Lk) p[p_row(i) + j] = pij;
-      w[r] = drop.p > 0 && pij != 0 && !dropout_keeps(drop, p_row(i) + j) ? 0.f : pij * keep_scale;
+      w[r] = attention_weight(p, p_row(i) + j, i < Lq && j < Lk, s[r], m[r], l[r], drop, keep_scale);
     }
     __syncthreads();  // the value tile is loaded
     stage_rows(ws, w);
@@ -2726,7 +2742,102 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)  // 4 blocks an SM: at m
     __syncthreads();  // before the next tile overwrites this one
   }
   // END SOLUTION
-  write_context(ctx, ctx16, acc, H, Lq, D);
+  write_context<kSlots>(ctx, ctx16, H, Lq, D, [&](int r, int t) { return acc[r][t]; });  // from registers
+}
+
+// [Eq. 1] The forward on the tensor cores (TF32 products, fp32 sums: wmma's m16n16k8), where the products are
+// not fp32 (--precision tf32 or bf16) and Dk is a multiple of 16 (the paper's 64 and every preset's): the two
+// passes of attention_forward_kernel, each key tile's scores q_i . k_j and weighted sum sum_j p'_ij v_j formed
+// as 16 x 16 tiles by the warps. The scores go through shared memory (32 x 32, kScoreLd floats a row): warps
+// 0-3 each form a quarter, then a lane reads its key's scores of the warp's rows, as attention_forward_kernel
+// holds them, and writes p'_ij in their place; each warp sums its kTiles tiles of ctx (16 rows, 16 of the
+// head's columns) in fragments over the key tiles, and the fragments pass through the query tile's space to
+// the context rows. Its scores and sums differ from the fp32 kernel's by the operands' rounding to TF32's
+// 10-bit mantissa (a relative 2^-11), a bound that test/parity_gpu.cpp holds it to.
+constexpr int kScoreLd = kAttentionTile + 4;  // a multiple of 4 floats (wmma), not of 32 (banks)
+constexpr size_t attention_tensor_core_shared_bytes(int Dk) {
+  return (3 * (size_t)kAttentionTile * attention_ld(Dk) + kAttentionTile * kScoreLd) * sizeof(float);
+}
+using Tf32Sums = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 8, float>;
+// acc += A B over n (a multiple of 8) of A's columns and B's rows, both rounded to TF32: A, 16 rows at a
+// (row-major, lda floats a row); B, 16 columns at b, row-major (ldb floats a row) or column-major (ldb a column)
+template <typename BLayout> __device__ void add_tf32_product(Tf32Sums& acc, const float* a, int lda, const float* b, int ldb, int n) {
+  namespace wmma = nvcuda::wmma;
+  // not unrolled: sm_90 spills at Dk 64 and 96 fall from 68 and 92 bytes to 16 and 44
+#pragma unroll 1
+  for (int k = 0; k < n; k += 8) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, BLayout> fb;
+    wmma::load_matrix_sync(fa, a + k, lda);
+    wmma::load_matrix_sync(fb, std::is_same_v<BLayout, wmma::col_major> ? b + k : b + (size_t)k * ldb, ldb);
+    for (int e = 0; e < fa.num_elements; ++e) fa.x[e] = wmma::__float_to_tf32(fa.x[e]);
+    for (int e = 0; e < fb.num_elements; ++e) fb.x[e] = wmma::__float_to_tf32(fb.x[e]);
+    wmma::mma_sync(acc, fa, fb, acc);
+  }
+}
+template <int kTiles>  // a warp's tiles of ctx: ceil(2 (Dk / 16) / 8)
+__global__ void __launch_bounds__(kAttentionThreads, 4)
+    attention_forward_tensor_core_kernel(float* ctx, bf16* ctx16, float* p, const float* q, const float* k, const float* v,
+                                         const uint8_t* key_valid, bool causal, DropoutKey drop, int H, int Lq, int Lk, int D) {
+  namespace wmma = nvcuda::wmma;
+  drop = at_step(drop);
+  const int b = blockIdx.x / H, h = blockIdx.x % H, Dk = D / H, ld = attention_ld(Dk), i0 = blockIdx.y * kAttentionTile;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  float* qs = dynamic_shared<float>();   // (32, ld): the tile's queries; at the end, their context rows
+  float* ks = qs + kAttentionTile * ld;  // (32, ld): a tile of keys
+  float* vs = ks + kAttentionTile * ld;  // (32, ld): a tile of values
+  float* ss = vs + kAttentionTile * ld;  // (32, kScoreLd): a key tile's scores, then its p'_ij
+  const float scale = rsqrtf((float)Dk), keep_scale = (float)dropout_scale(drop);
+  auto p_row = [&](int i) { return ((size_t)blockIdx.x * Lq + i) * Lk; };  // p's offset of row i
+  auto row_of = [&](int r) { return warp + r * kAttentionWarps; };         // the warp's r-th row of the tile
+  // where the warp's t-th tile of ctx lies: rows r0.., columns c0.. (c0 past Dk: no tile)
+  auto tile_at = [&](int t, int& r0, int& c0) { r0 = 16 * ((warp + kAttentionWarps * t) % 2), c0 = 16 * ((warp + kAttentionWarps * t) / 2); };
+  // s[r] = s_ij of the warp's rows i and the lane's key j of the key tile at j0, -inf where j is masked
+  auto scores = [&](float (&s)[kRowsPerWarp], int j0) {
+    if (Lk > kAttentionTile) load_head_tile(ks, k, b, h, Lk, j0, D, Dk);
+    __syncthreads();  // the key tile is loaded, and the last tile's p' read by all
+    if (warp < 4) {   // (32 x 32 scores: four 16 x 16 tiles)
+      const int r0 = 16 * (warp / 2), c0 = 16 * (warp % 2);
+      Tf32Sums st;
+      wmma::fill_fragment(st, 0.f);
+      add_tf32_product<wmma::col_major>(st, qs + r0 * ld, ld, ks + c0 * ld, ld, Dk);  // K^T: the keys' rows as columns
+      wmma::store_matrix_sync(ss + r0 * kScoreLd + c0, st, kScoreLd, wmma::mem_row_major);
+    }
+    __syncthreads();  // the scores are stored (and the key tile read)
+    const int j = j0 + lane;
+    const bool valid = j < Lk && key_valid[(size_t)b * Lk + j];
+    for (int r = 0; r < kRowsPerWarp; ++r)
+      s[r] = valid && (!causal || j <= i0 + row_of(r)) ? ss[row_of(r) * kScoreLd + lane] * scale : -INFINITY;
+  };
+  copy_head_tile(qs, q, b, h, Lq, i0, D, Dk);
+  if (Lk <= kAttentionTile) copy_head_tile(ks, k, b, h, Lk, 0, D, Dk), copy_head_tile(vs, v, b, h, Lk, 0, D, Dk);
+  wait_for_copies();
+  float s[kRowsPerWarp], m[kRowsPerWarp], l[kRowsPerWarp];
+  softmax_statistics(m, l, s, Lk, scores);  // the rows' max and sum of exponentials
+  Tf32Sums acc[kTiles];
+  for (int t = 0; t < kTiles; ++t) wmma::fill_fragment(acc[t], 0.f);
+  for (int j0 = 0; j0 < Lk; j0 += kAttentionTile) {
+    if (Lk > kAttentionTile) scores(s, j0), load_head_tile(vs, v, b, h, Lk, j0, D, Dk);  // else s holds the only tile's scores
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      const int i = i0 + row_of(r), j = j0 + lane;
+      ss[row_of(r) * kScoreLd + lane] = attention_weight(p, p_row(i) + j, i < Lq && j < Lk, s[r], m[r], l[r], drop, keep_scale);
+    }
+    __syncthreads();  // p' and the value tile are in place
+    const int keys = (min(kAttentionTile, Lk - j0) + 7) / 8 * 8;  // (past Lk p' is 0, and the value rows too)
+    for (int t = 0; t < kTiles; ++t) {
+      int r0, c0;
+      tile_at(t, r0, c0);
+      if (c0 < Dk) add_tf32_product<wmma::row_major>(acc[t], ss + r0 * kScoreLd, kScoreLd, vs + c0, ld, keys);
+    }
+    __syncthreads();  // before the next tile overwrites these
+  }
+  for (int t = 0; t < kTiles; ++t) {  // the sums into the queries' space, which no warp reads any more
+    int r0, c0;
+    tile_at(t, r0, c0);
+    if (c0 < Dk) wmma::store_matrix_sync(qs + r0 * ld + c0, acc[t], ld, wmma::mem_row_major);
+  }
+  __syncthreads();  // every warp's tiles stored
+  write_context<2 * kTiles>(ctx, ctx16, H, Lq, D, [&](int r, int t) { return qs[row_of(r) * ld + lane + 32 * t]; });
 }
 
 // What the two backward kernels below share, besides add_weighted_rows. The forward was
@@ -2937,6 +3048,15 @@ void attention_forward(float* ctx, float* p, const float* q, const float* k, con
   const dim3 grid(B * H, (Lq + kAttentionTile - 1) / kAttentionTile);
   bool alone;
   bf16* ctx16 = bf16_twin_of(ctx, (size_t)B * Lq * D, &alone);
+  const int Dk = D / H;
+  if (products() != Precision::fp32 && Dk % 16 == 0 && Dk <= kMaxHeadDim) {
+    const size_t bytes = attention_tensor_core_shared_bytes(Dk);
+    if (Dk <= 64) LAUNCH(attention_forward_tensor_core_kernel<1>, grid, kAttentionThreads, bytes, alone ? nullptr : ctx, ctx16, p, q, k, v,
+                         key_valid, causal, drop, H, Lq, Lk, D);
+    else LAUNCH(attention_forward_tensor_core_kernel<2>, grid, kAttentionThreads, bytes, alone ? nullptr : ctx, ctx16, p, q, k, v, key_valid,
+                causal, drop, H, Lq, Lk, D);
+    return;
+  }
   with_head_slots(D, H, [&](auto slots) {
     LAUNCH(attention_forward_kernel<decltype(slots)::value>, grid, kAttentionThreads, attention_shared_bytes(D / H), alone ? nullptr : ctx,
            ctx16, p, q, k, v, key_valid, causal, drop, H, Lq, Lk, D);

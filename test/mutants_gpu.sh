@@ -35,13 +35,16 @@ mutants=(
   "a producer that leaves its output's bf16 twin stale (residual + LayerNorm)|LAUNCH(residual_dropout_layernorm_kernel, warp_row_blocks(M), kWarpRowThreads, 0, out, bf16_twin_of(out, (size_t)M * D),|LAUNCH(residual_dropout_layernorm_kernel, warp_row_blocks(M), kWarpRowThreads, 0, out, nullptr,"
   "an FFN backward that takes the ReLU's mask from h, not from h's twin listed alone (h not written)|dh, dh16, dw.b1, a.h, bf16_twin_of(a.h, n), (size_t)M,|dh, dh16, dw.b1, a.h, nullptr, (size_t)M,"
   "a warp-level sync where the block must meet (the one-key-tile attention backward: ds read by key before the other warps stage it)|__syncthreads();  // ds and p' staged by every warp|__syncwarp();  // ds and p' staged by every warp"
-  "an attention forward that writes ctx's twin only beside ctx (the twin listed alone in a training step left stale)|if (ctx16) ctx16[at] = __float2bfloat16(acc[r][t]);|if (ctx16 && ctx) ctx16[at] = __float2bfloat16(acc[r][t]);"
+  "an attention forward that writes ctx's twin only beside ctx (the twin listed alone in a training step left stale)|if (ctx16) ctx16[at] = __float2bfloat16(c);|if (ctx16 && ctx) ctx16[at] = __float2bfloat16(c);"
   "a launch past the 48 KiB of shared memory without raising the kernel's limit (the one-key-tile attention backward at Dk 100)|dynamic_shared_bytes(kernel, one_key_tile_shared_bytes(D / H))|one_key_tile_shared_bytes(D / H)"
   "a deferred zero fill taken by an op that writes less than all of it (the range's start matched, not its length)|return f.p == p && f.n == n;|return f.p == p;"
   "an op that takes a deferred zero fill and still adds into the buffer (the residual's backward, dy)|dy[i] = (add_dy ? dy[i] : 0.f) +|dy[i] = dy[i] +"
   "b1's gradient stored by each block of the FFN's gate pass, not added (a lost update)|atomicAdd(&db[c], sum);|db[c] = sum;"
   "a tile's asynchronous copies not waited for (wait_for_copies: the tiles read while their copies may still be in flight)|  __pipeline_commit();\n  __pipeline_wait_prior(0);\n|  __pipeline_commit();\n"
   "LayerNorm's column sums added to dg and db before every warp of the block has written its own (the barrier removed)|  __syncthreads();  // every warp's column sums written\n|"
+  "the tensor-core attention's scores reading the keys' tile as K, not K^T (a wmma operand's layout)|add_tf32_product<wmma::col_major>(st,|add_tf32_product<wmma::row_major>(st,"
+  "the tensor cores' operands not rounded to TF32 (wmma then reads them truncated)|    for (int e = 0; e < fa.num_elements; ++e) fa.x[e] = wmma::__float_to_tf32(fa.x[e]);\n    for (int e = 0; e < fb.num_elements; ++e) fb.x[e] = wmma::__float_to_tf32(fb.x[e]);\n|"
+  "the tensor-core attention's scores read before the warps that form them have stored them (the barrier removed)|    __syncthreads();  // the scores are stored (and the key tile read)\n|"
   "a CUDA graph of the update that replays its capture's Adam step (staged only while captured)|*staged_adam = gpu::adam_step(lr, c.beta1, c.beta2, m.step);\n    const auto work = [&] {\n|const auto work = [&] {\n      *staged_adam = gpu::adam_step(lr, c.beta1, c.beta2, m.step);\n"
 )
 

@@ -106,6 +106,17 @@ std::vector<float> bf16_rounded(std::vector<float> v) {
   for (float& x : v) x = bf16_round(x);
   return v;
 }
+// TF32 as __float_to_tf32 rounds before the tensor cores read it: a 10-bit mantissa, to nearest, ties away
+// from zero.
+std::vector<float> tf32_rounded(std::vector<float> v) {
+  for (float& x : v) {
+    uint32_t b;
+    std::memcpy(&b, &x, 4);
+    if ((b & 0x7f800000u) != 0x7f800000u) b = (b + 0x1000u) & ~0x1fffu;
+    std::memcpy(&x, &b, 4);
+  }
+  return v;
+}
 
 // An op's output x of n elements with its bf16 twin listed alone, as in a training step, against x written in
 // fp32 and rounded into scratch: run(alone, &written) runs the op one way or the other and returns all its
@@ -123,7 +134,7 @@ template <typename Run> void same_with_twin_alone(Checker& ck, const char* op, c
             op, x, written_alone, n, written_apart);
 }
 
-// bf16 precision against the fp32 CPU: an element's error relative to the larger of itself and the
+// bf16 (or TF32) precision against the fp32 CPU: an element's error relative to the larger of itself and the
 // tensor's RMS (a product's rounding error scales with its terms, not with a sum that cancels to zero).
 void same_bf16(Checker& ck, const std::vector<float>& got, const std::vector<float>& want, double tol, const std::string& what) {
   double squares = 0, worst = 0;
@@ -134,7 +145,7 @@ void same_bf16(Checker& ck, const std::vector<float>& got, const std::vector<flo
     const double err = std::fabs((double)got[i] - want[i]) / std::fmax(std::fabs((double)want[i]), rms);
     if (!(err <= worst)) worst = err, at = i;
   }
-  std::printf("  %-44s max err %.3g of max(|x|, rms) (bf16 bound %.0e)\n", what.c_str(), worst, tol);
+  std::printf("  %-44s max err %.3g of max(|x|, rms) (bound %.0e)\n", what.c_str(), worst, tol);
   ck.close(got.empty() ? 0 : got[at], got.empty() ? 0 : want[at], tol, tol * rms, (what + "[" + std::to_string(at) + "]").c_str());
 }
 
@@ -924,6 +935,45 @@ int main() {
     ck.expect(differ == 0, "greedy and beam tokens%s: %d outputs differ between the GPU and the CPU", tag.c_str(), differ);
   }
 
+  // ---- the attention forward on the tensor cores (TF32; --precision tf32 and bf16, Dk a multiple of 16) ------
+  // Its scores are sums of products of q and k rounded to TF32: p is the CPU's on q and k so rounded, at the fp32
+  // tolerance (a tile misplaced, or operands not rounded as the tensor cores need, is far outside it). Its
+  // weighted sums also round p' to TF32: ctx is within a TF32 bound of the CPU's on rounded q, k and v. Dk 16 to 96
+  // (one and two tiles of ctx a warp), one and several query and key tiles, key padding with a sentence whose
+  // every key is masked, causal masks, dropout.
+  std::printf("parity_gpu: TF32 attention forward (tensor cores)\n");
+  set_precision(Precision::tf32);
+  {
+    // p' rounded to TF32 moves ctx_i by up to 2^-11 sum_j p'_ij |v_j|, which is several times ctx's RMS where
+    // the weights spread over many keys whose values cancel
+    constexpr double kTf32Tol = 4e-3;
+    struct Case {
+      int lq, lk, Dk, heads;
+      bool causal;
+      DropoutKey key;
+    };
+    for (const Case& c : {Case{7, 5, 16, 2, false, drop}, Case{9, 9, 32, 1, true, none}, Case{32, 32, 64, 2, false, drop},
+                          Case{70, 40, 96, 1, false, drop}, Case{40, 70, 64, 1, false, none}, Case{33, 33, 48, 2, true, drop}}) {
+      const int b3 = 3, d = c.Dk * c.heads;
+      const std::string tag = " (" + std::to_string(c.lq) + " x " + std::to_string(c.lk) + ", Dk " + std::to_string(c.Dk) +
+                              (c.causal ? ", causal" : "") + (c.key.p > 0 ? ", dropout" : "") + ")";
+      std::vector<uint8_t> valid((size_t)b3 * c.lk, 1);
+      valid[c.lk - 1] = 0;                                                        // sentence 0 ends in padding
+      for (int j = 0; j < c.lk; ++j) valid[(size_t)2 * c.lk + j] = c.causal;  // sentence 2: every key masked (not causal)
+      uint8_t* dvalid = gpu::alloc_bytes(valid.size());
+      gpu::upload(dvalid, valid.data(), valid.size());
+      Buf q(r.vec((size_t)b3 * c.lq * d, -2, 2)), k(r.vec((size_t)b3 * c.lk * d, -2, 2)), v(r.vec((size_t)b3 * c.lk * d));
+      Buf ctx(zeros((size_t)b3 * c.lq * d)), p(zeros((size_t)b3 * c.heads * c.lq * c.lk));
+      ctx.poison(), p.poison();
+      const std::vector<float> qr = tf32_rounded(q.h), kr = tf32_rounded(k.h), vr = tf32_rounded(v.h);  // the GPU gets them unrounded
+      cpu::attention_forward(ctx.h.data(), p.h.data(), qr.data(), kr.data(), vr.data(), valid.data(), c.causal, c.key, b3, c.lq, c.lk, d, c.heads);
+      gpu::attention_forward(ctx.d, p.d, q.d, k.d, v.d, dvalid, c.causal, c.key, b3, c.lq, c.lk, d, c.heads);
+      rep.same(p, "TF32 attention_forward p" + tag);
+      same_bf16(ck, ctx.get(), ctx.h, kTf32Tol, "TF32 attention_forward ctx" + tag);
+      gpu::release(dvalid);
+    }
+  }
+
   // ---- bf16 precision: the products' operands in bf16, fp32 sums, everything else fp32 ----------------
   std::printf("parity_gpu: bf16 products\n");
   set_precision(Precision::bf16);
@@ -1027,8 +1077,9 @@ int main() {
   }
   // The attention's ctx with a twin listed alone, as in a training step: the forward writes the twin from its
   // sums and not ctx; the output projection W^O and its weight's gradient read the twin. Every output has the
-  // same bits as with ctx written in fp32 and rounded into scratch.
-  {
+  // same bits as with ctx written in fp32 and rounded into scratch. Dk 4 (attention_forward_kernel) and 16
+  // (attention_forward_tensor_core_kernel).
+  for (const auto& [D, H] : {std::pair{D, H}, std::pair{32, 2}}) {
     Rand ra{11};
     std::vector<uint8_t> valid((size_t)B * Lk, 1);
     valid[Lk - 1] = 0;
@@ -1058,7 +1109,7 @@ int main() {
       }
       return all;
     };
-    same_with_twin_alone(ck, "attention", "ctx", n, run);
+    same_with_twin_alone(ck, ("attention, Dk " + std::to_string(D / H)).c_str(), "ctx", n, run);
     gpu::release(dvalid);
   }
   // The whole step in bf16 against the fp32 CPU step. Element by element that is no bound: this tiny model
