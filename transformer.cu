@@ -2759,21 +2759,31 @@ constexpr size_t attention_tensor_core_shared_bytes(int Dk) {
   return (3 * (size_t)kAttentionTile * attention_ld(Dk) + kAttentionTile * kScoreLd) * sizeof(float);
 }
 using Tf32Sums = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 8, float>;
-// acc += A B over n (a multiple of 8) of A's columns and B's rows, both rounded to TF32: A, 16 rows at a
-// (row-major, lda floats a row); B, 16 columns at b, row-major (ldb floats a row) or column-major (ldb a column)
-template <typename BLayout> __device__ void add_tf32_product(Tf32Sums& acc, const float* a, int lda, const float* b, int ldb, int n) {
+// acc += A B over n (a multiple of 8) of A's columns and B's rows, both rounded to TF32: A, 16 rows at a, B, 16
+// columns at b, each row-major (lda, ldb floats a row) or column-major (floats a column)
+template <typename ALayout, typename BLayout>
+__device__ __forceinline__ void add_tf32_product(Tf32Sums& acc, const float* a, int lda, const float* b, int ldb, int n) {
   namespace wmma = nvcuda::wmma;
   // not unrolled: sm_90 spills at Dk 64 and 96 fall from 68 and 92 bytes to 16 and 44
 #pragma unroll 1
   for (int k = 0; k < n; k += 8) {
-    wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> fa;
+    wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, ALayout> fa;
     wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, BLayout> fb;
-    wmma::load_matrix_sync(fa, a + k, lda);
+    wmma::load_matrix_sync(fa, std::is_same_v<ALayout, wmma::col_major> ? a + (size_t)k * lda : a + k, lda);
     wmma::load_matrix_sync(fb, std::is_same_v<BLayout, wmma::col_major> ? b + k : b + (size_t)k * ldb, ldb);
     for (int e = 0; e < fa.num_elements; ++e) fa.x[e] = wmma::__float_to_tf32(fa.x[e]);
     for (int e = 0; e < fb.num_elements; ++e) fb.x[e] = wmma::__float_to_tf32(fb.x[e]);
     wmma::mma_sync(acc, fa, fb, acc);
   }
+}
+// Where warp w's t-th 16 x 16 tile of a 32-row result lies: rows r0 (0 or 16), columns c0 (past Dk: none). (The
+// warp passed in: read from threadIdx here, sm_90 spilled 100 bytes in the forward at Dk 96, not 44.)
+struct WarpTile {
+  int r0, c0;
+};
+__device__ WarpTile warp_tile(int warp, int t) {
+  const int tile = warp + kAttentionWarps * t;
+  return {16 * (tile % 2), 16 * (tile / 2)};
 }
 template <int kTiles>  // a warp's tiles of ctx: ceil(2 (Dk / 16) / 8)
 __global__ void __launch_bounds__(kAttentionThreads, 4)
@@ -2790,8 +2800,6 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
   const float scale = rsqrtf((float)Dk), keep_scale = (float)dropout_scale(drop);
   auto p_row = [&](int i) { return ((size_t)blockIdx.x * Lq + i) * Lk; };  // p's offset of row i
   auto row_of = [&](int r) { return warp + r * kAttentionWarps; };         // the warp's r-th row of the tile
-  // where the warp's t-th tile of ctx lies: rows r0.., columns c0.. (c0 past Dk: no tile)
-  auto tile_at = [&](int t, int& r0, int& c0) { r0 = 16 * ((warp + kAttentionWarps * t) % 2), c0 = 16 * ((warp + kAttentionWarps * t) / 2); };
   // s[r] = s_ij of the warp's rows i and the lane's key j of the key tile at j0, -inf where j is masked
   auto scores = [&](float (&s)[kRowsPerWarp], int j0) {
     if (Lk > kAttentionTile) load_head_tile(ks, k, b, h, Lk, j0, D, Dk);
@@ -2800,7 +2808,7 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
       const int r0 = 16 * (warp / 2), c0 = 16 * (warp % 2);
       Tf32Sums st;
       wmma::fill_fragment(st, 0.f);
-      add_tf32_product<wmma::col_major>(st, qs + r0 * ld, ld, ks + c0 * ld, ld, Dk);  // K^T: the keys' rows as columns
+      add_tf32_product<wmma::row_major, wmma::col_major>(st, qs + r0 * ld, ld, ks + c0 * ld, ld, Dk);  // K^T: the keys' rows as columns
       wmma::store_matrix_sync(ss + r0 * kScoreLd + c0, st, kScoreLd, wmma::mem_row_major);
     }
     __syncthreads();  // the scores are stored (and the key tile read)
@@ -2825,15 +2833,13 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
     __syncthreads();  // p' and the value tile are in place
     const int keys = (min(kAttentionTile, Lk - j0) + 7) / 8 * 8;  // (past Lk p' is 0, and the value rows too)
     for (int t = 0; t < kTiles; ++t) {
-      int r0, c0;
-      tile_at(t, r0, c0);
-      if (c0 < Dk) add_tf32_product<wmma::row_major>(acc[t], ss + r0 * kScoreLd, kScoreLd, vs + c0, ld, keys);
+      const auto [r0, c0] = warp_tile(warp, t);
+      if (c0 < Dk) add_tf32_product<wmma::row_major, wmma::row_major>(acc[t], ss + r0 * kScoreLd, kScoreLd, vs + c0, ld, keys);
     }
     __syncthreads();  // before the next tile overwrites these
   }
   for (int t = 0; t < kTiles; ++t) {  // the sums into the queries' space, which no warp reads any more
-    int r0, c0;
-    tile_at(t, r0, c0);
+    const auto [r0, c0] = warp_tile(warp, t);
     if (c0 < Dk) wmma::store_matrix_sync(qs + r0 * ld + c0, acc[t], ld, wmma::mem_row_major);
   }
   __syncthreads();  // every warp's tiles stored
@@ -2853,6 +2859,23 @@ __device__ void store_gradient(float* x, bf16* x16, size_t at, float value, bool
   if (add) value += x[at];
   if (x16) x16[at] = __float2bfloat16(value);
   if (add || !x16) x[at] = value;
+}
+
+// Where the keys fit one tile: ds[r] = ds_ij and pk[r] = p'_ij for the warp's rows i = w + 8 r of a query tile
+// (0 from row `rows` on, past the end) and the lane's key j (0 from Lk on), from dot[r] = dctx_i . v_j and p,
+// whose row i starts at p_tile + i Lk: dp_ij = keep_ij dot, ds_ij = p_ij (dp_ij - sum_l p_il dp_il), the row's
+// sum over the warp's lanes.
+__device__ void one_key_tile_softmax_backward(float (&ds)[kRowsPerWarp], float (&pk)[kRowsPerWarp], const float (&dot)[kRowsPerWarp],
+                                              const float* p, size_t p_tile, int rows, int Lk, const DropoutKey& drop, float keep_scale) {
+  const int j = threadIdx.x % 32;
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    const int i = (int)threadIdx.x / 32 + r * kAttentionWarps;
+    const size_t ij = p_tile + (size_t)i * Lk + j;
+    const float pij = i < rows && j < Lk ? p[ij] : 0.f, kij = pij == 0 ? 0.f : keep_factor(drop, ij, keep_scale);
+    const float dp = dot[r] * kij, row_sum = warp_sum(pij == 0 ? 0.f : pij * dp);  // (rows past the end: 0)
+    ds[r] = pij == 0 ? 0.f : pij * (dp - row_sum);
+    pk[r] = pij * kij;
+  }
 }
 
 // Backward where the keys fit one tile (Lk <= kAttentionTile: the benchmark's 32 tokens a side, most Multi30k
@@ -2898,16 +2921,12 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
     copy_head_tile(qs, q, b, h, Lq, i0, D, Dk), copy_head_tile(dcs, dctx, b, h, Lq, i0, D, Dk);
     wait_for_copies();
     __syncthreads();  // the tiles are loaded
-    float dot[kRowsPerWarp], ds[kRowsPerWarp];  // dctx_i . v_j, then ds_ij, for the warp's rows i and the lane's key j
+    float dot[kRowsPerWarp], ds[kRowsPerWarp], pk[kRowsPerWarp];  // dctx_i . v_j, ds_ij, p'_ij: the warp's rows i, the lane's key j
     rows_dot_lanes(dot, dcs, vs, Dk);
-    const int j = lane;
+    one_key_tile_softmax_backward(ds, pk, dot, p, at(i0, 0), Lq - i0, Lk, drop, keep_scale);
     for (int r = 0; r < kRowsPerWarp; ++r) {
-      const int i = i0 + row_of(r);
-      const float pij = i < Lq && j < Lk ? p[at(i, j)] : 0.f, kij = pij == 0 ? 0.f : keep_factor(drop, at(i, j), keep_scale);
-      const float dp = dot[r] * kij, row_sum = warp_sum(pij == 0 ? 0.f : pij * dp);  // (rows past Lq: 0)
-      ds[r] = pij == 0 ? 0.f : pij * (dp - row_sum);
-      const int y = j % kAttentionWarps * kByKeyLd + row_of(r) * kRowsPerWarp + j / kAttentionWarps;
-      by_key[y] = ds[r], pk_by_key[y] = pij * kij;
+      const int y = lane % kAttentionWarps * kByKeyLd + row_of(r) * kRowsPerWarp + lane / kAttentionWarps;
+      by_key[y] = ds[r], pk_by_key[y] = pk[r];
     }
     write_rows(by_row, ds);
     __syncthreads();  // ds and p' staged by every warp
@@ -2922,6 +2941,89 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
   for_warp_rows<kSlots>(b, h, Lk, 0, D, Dk, [&](size_t at, int r, int t) {
     store_gradient(dk, dk16, at, acc_k[r][t] * scale, add);
     store_gradient(dv, dv16, at, acc_v[r][t], add);
+  });
+}
+
+// The same on the tensor cores (products not fp32, Dk a multiple of 16, as the forward): a block holds a
+// (sentence, head)'s keys and values and takes the query tiles in turn, its products TF32 wmma with fp32 sums.
+// Warps 0-3 form dctx_i . v_j (a 16 x 16 quarter each) into shared memory, where each lane reads its key's of
+// the warp's rows and leaves ds_ij and p'_ij in their tiles (one_key_tile_softmax_backward); each warp then
+// forms its tiles of dq = scale ds K (16 queries by 16 columns, through the queries' tile to dq) and adds to its
+// tiles of dk = scale ds^T Q and dv = p'^T dctx (16 keys by 16 columns, in fragments over the query tiles, at
+// the end through the keys' and values' tiles), reading ds and p' transposed (column-major) where they lie.
+constexpr size_t one_key_tile_tensor_core_shared_bytes(int Dk) {
+  return (4 * (size_t)kAttentionTile * attention_ld(Dk) + 2 * kAttentionTile * kScoreLd) * sizeof(float);
+}
+template <int kTiles>  // a warp's tiles of dq, dk and dv: ceil(2 (Dk / 16) / 8)
+__global__ void __launch_bounds__(kAttentionThreads, kTiles == 1 ? 4 : 3)  // Dk 80 and 96: 3 blocks an SM (their shared memory too)
+    attention_backward_tensor_core_kernel(float* dq, float* dk, float* dv, bf16* dq16, bf16* dk16, bf16* dv16, const float* dctx,
+                                          const float* p, const float* q, const float* k, const float* v, DropoutKey drop, bool add,
+                                          int H, int Lq, int Lk, int D) {
+  namespace wmma = nvcuda::wmma;
+  drop = at_step(drop);
+  const int b = blockIdx.x / H, h = blockIdx.x % H, Dk = D / H, ld = attention_ld(Dk), lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  float* ks = dynamic_shared<float>();                   // (32, ld): the keys; at the end, dk
+  float* vs = ks + kAttentionTile * ld;                  // (32, ld): their values; at the end, dv
+  float* qs = vs + kAttentionTile * ld;                  // (32, ld): a tile of queries, then their dq
+  float* dcs = qs + kAttentionTile * ld;                 // (32, ld): their dctx rows
+  float* ds_tile = dcs + kAttentionTile * ld;            // (32, kScoreLd): dctx_i . v_j, then ds_ij
+  float* pk_tile = ds_tile + kAttentionTile * kScoreLd;  // (32, kScoreLd): p'_ij
+  const float scale = rsqrtf((float)Dk), keep_scale = (float)dropout_scale(drop);
+  auto row_of = [&](int r) { return warp + r * kAttentionWarps; };  // the warp's r-th row of a tile
+  const int keys = (Lk + 7) / 8 * 8;  // the keys the products sum over (past Lk ds and p' are 0)
+  Tf32Sums acc_k[kTiles], acc_v[kTiles];  // the warp's tiles of dk / scale and dv
+  for (int t = 0; t < kTiles; ++t) wmma::fill_fragment(acc_k[t], 0.f), wmma::fill_fragment(acc_v[t], 0.f);
+  // the keys and values, waited for with the first query tile (no query tile: no copy left in flight)
+  if (Lq > 0) copy_head_tile(ks, k, b, h, Lk, 0, D, Dk), copy_head_tile(vs, v, b, h, Lk, 0, D, Dk);
+  for (int i0 = 0; i0 < Lq; i0 += kAttentionTile) {
+    copy_head_tile(qs, q, b, h, Lq, i0, D, Dk), copy_head_tile(dcs, dctx, b, h, Lq, i0, D, Dk);
+    wait_for_copies();
+    __syncthreads();  // the tiles are loaded
+    if (warp < 4) {   // dctx V^T: 32 x 32, four 16 x 16 tiles
+      const int r0 = 16 * (warp / 2), c0 = 16 * (warp % 2);
+      Tf32Sums st;
+      wmma::fill_fragment(st, 0.f);
+      add_tf32_product<wmma::row_major, wmma::col_major>(st, dcs + r0 * ld, ld, vs + c0 * ld, ld, Dk);
+      wmma::store_matrix_sync(ds_tile + r0 * kScoreLd + c0, st, kScoreLd, wmma::mem_row_major);
+    }
+    __syncthreads();  // dctx_i . v_j stored
+    float dot[kRowsPerWarp], ds[kRowsPerWarp], pk[kRowsPerWarp];
+    for (int r = 0; r < kRowsPerWarp; ++r) dot[r] = ds_tile[row_of(r) * kScoreLd + lane];
+    one_key_tile_softmax_backward(ds, pk, dot, p, ((size_t)blockIdx.x * Lq + i0) * Lk, Lq - i0, Lk, drop, keep_scale);
+    for (int r = 0; r < kRowsPerWarp; ++r) ds_tile[row_of(r) * kScoreLd + lane] = ds[r], pk_tile[row_of(r) * kScoreLd + lane] = pk[r];
+    __syncthreads();  // ds and p' in place
+    const int queries = (min(kAttentionTile, Lq - i0) + 7) / 8 * 8;  // (past Lq ds and p' are 0)
+    Tf32Sums acc_q[kTiles];
+    for (int t = 0; t < kTiles; ++t) {
+      const auto [r0, c0] = warp_tile(warp, t);
+      if (c0 >= Dk) continue;
+      wmma::fill_fragment(acc_q[t], 0.f);
+      add_tf32_product<wmma::row_major, wmma::row_major>(acc_q[t], ds_tile + r0 * kScoreLd, kScoreLd, ks + c0, ld, keys);
+      add_tf32_product<wmma::col_major, wmma::row_major>(acc_k[t], ds_tile + r0, kScoreLd, qs + c0, ld, queries);  // (keys r0..)
+      add_tf32_product<wmma::col_major, wmma::row_major>(acc_v[t], pk_tile + r0, kScoreLd, dcs + c0, ld, queries);
+    }
+    __syncthreads();  // the queries' tile read by all
+    for (int t = 0; t < kTiles; ++t) {
+      const auto [r0, c0] = warp_tile(warp, t);
+      if (c0 < Dk) wmma::store_matrix_sync(qs + r0 * ld + c0, acc_q[t], ld, wmma::mem_row_major);
+    }
+    __syncthreads();  // dq's tiles stored
+    for_warp_rows<2 * kTiles>(b, h, Lq, i0, D, Dk, [&](size_t at, int r, int t) {
+      store_gradient(dq, dq16, at, qs[row_of(r) * ld + lane + 32 * t] * scale, add);
+    });
+    __syncthreads();  // before the next query tile overwrites the tiles
+  }
+  for (int t = 0; t < kTiles; ++t) {  // into the keys' and values' tiles, which no warp reads any more
+    const auto [r0, c0] = warp_tile(warp, t);
+    if (c0 < Dk) {
+      wmma::store_matrix_sync(ks + r0 * ld + c0, acc_k[t], ld, wmma::mem_row_major);
+      wmma::store_matrix_sync(vs + r0 * ld + c0, acc_v[t], ld, wmma::mem_row_major);
+    }
+  }
+  __syncthreads();  // every warp's tiles stored
+  for_warp_rows<2 * kTiles>(b, h, Lk, 0, D, Dk, [&](size_t at, int r, int t) {
+    store_gradient(dk, dk16, at, ks[row_of(r) * ld + lane + 32 * t] * scale, add);
+    store_gradient(dv, dv16, at, vs[row_of(r) * ld + lane + 32 * t], add);
   });
 }
 
@@ -3069,6 +3171,17 @@ static void attention_backward(float* dq, float* dk, float* dv, bf16* dq16, bf16
                                const float* p, const float* q, const float* k, const float* v, DropoutKey drop, int B, int Lq, int Lk,
                                int D, int H) {
   if ((size_t)B * H * (Lq + Lk) == 0) return;
+  const int Dk = D / H;
+  if (products() != Precision::fp32 && Dk % 16 == 0 && Dk <= kMaxHeadDim && Lk <= kAttentionTile) {
+    const size_t bytes = one_key_tile_tensor_core_shared_bytes(Dk);
+    if (Dk <= 64)
+      LAUNCH(attention_backward_tensor_core_kernel<1>, B * H, kAttentionThreads, dynamic_shared_bytes(attention_backward_tensor_core_kernel<1>, bytes),
+             dq, dk, dv, dq16, dk16, dv16, dctx, p, q, k, v, drop, add, H, Lq, Lk, D);
+    else
+      LAUNCH(attention_backward_tensor_core_kernel<2>, B * H, kAttentionThreads, dynamic_shared_bytes(attention_backward_tensor_core_kernel<2>, bytes),
+             dq, dk, dv, dq16, dk16, dv16, dctx, p, q, k, v, drop, add, H, Lq, Lk, D);
+    return;
+  }
   with_head_slots(D, H, [&](auto slots) {
     constexpr int kSlots = decltype(slots)::value;
     if (Lk <= kAttentionTile) {

@@ -45,6 +45,8 @@ mutants=(
   "the tensor-core attention's scores reading the keys' tile as K, not K^T (a wmma operand's layout)|add_tf32_product<wmma::col_major>(st,|add_tf32_product<wmma::row_major>(st,"
   "the tensor cores' operands not rounded to TF32 (wmma then reads them truncated)|    for (int e = 0; e < fa.num_elements; ++e) fa.x[e] = wmma::__float_to_tf32(fa.x[e]);\n    for (int e = 0; e < fb.num_elements; ++e) fb.x[e] = wmma::__float_to_tf32(fb.x[e]);\n|"
   "the tensor-core attention's scores read before the warps that form them have stored them (the barrier removed)|    __syncthreads();  // the scores are stored (and the key tile read)\n|"
+  "the tensor-core attention backward's dk from ds, not ds^T (a wmma operand's layout)|add_tf32_product<wmma::col_major, wmma::row_major>(acc_k[t],|add_tf32_product<wmma::row_major, wmma::row_major>(acc_k[t],"
+  "the tensor-core attention backward's dq stored over the queries' tile while other warps still read it for dk (the barrier removed)|    __syncthreads();  // the queries' tile read by all\n|"
   "a CUDA graph of the update that replays its capture's Adam step (staged only while captured)|*staged_adam = gpu::adam_step(lr, c.beta1, c.beta2, m.step);\n    const auto work = [&] {\n|const auto work = [&] {\n      *staged_adam = gpu::adam_step(lr, c.beta1, c.beta2, m.step);\n"
 )
 

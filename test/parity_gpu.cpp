@@ -330,17 +330,21 @@ int main() {
     gpu::release(dvalid);
   }
 
-  // no queries (Lq 0), over keys that fit one tile and over two: dk and dv get nothing added, and no thread
-  // returns with its copies of the keys or values in flight (the emulated GPU refuses that)
-  for (const int lk : {5, 40}) {
+  // no queries (Lq 0), over keys that fit one tile and over two, and on the tensor cores (TF32, Dk 16): dk and dv
+  // get nothing added, and no thread returns with its copies of the keys or values in flight (the emulated GPU
+  // refuses that)
+  for (const auto& [lk, D, H, tf32] : {std::tuple{5, D, H, false}, std::tuple{40, D, H, false}, std::tuple{5, 32, 2, true}}) {
+    set_precision(tf32 ? Precision::tf32 : Precision::fp32);
     Buf unused(zeros(1)), k(r.vec((size_t)B * lk * D)), v(r.vec((size_t)B * lk * D)), dk(r.vec((size_t)B * lk * D)),
         dv(r.vec((size_t)B * lk * D));
     float* u = unused.h.data();
     cpu::attention_backward(u, dk.h.data(), dv.h.data(), u, u, u, k.h.data(), v.h.data(), none, B, 0, lk, D, H);
     gpu::attention_backward(unused.d, dk.d, dv.d, unused.d, unused.d, unused.d, k.d, v.d, none, B, 0, lk, D, H);
-    rep.same(dk, "attention_backward dk (no queries, " + std::to_string(lk) + " keys)");
-    rep.same(dv, "attention_backward dv (no queries, " + std::to_string(lk) + " keys)");
+    const std::string tag = " (no queries, " + std::to_string(lk) + " keys" + (tf32 ? ", TF32, Dk 16)" : ")");
+    rep.same(dk, "attention_backward dk" + tag);
+    rep.same(dv, "attention_backward dv" + tag);
   }
+  set_precision(Precision::fp32);
 
   {  // a head dimension past what the shared memory holds (100) is refused before anything runs
     bool refused = false;
@@ -935,13 +939,14 @@ int main() {
     ck.expect(differ == 0, "greedy and beam tokens%s: %d outputs differ between the GPU and the CPU", tag.c_str(), differ);
   }
 
-  // ---- the attention forward on the tensor cores (TF32; --precision tf32 and bf16, Dk a multiple of 16) ------
-  // Its scores are sums of products of q and k rounded to TF32: p is the CPU's on q and k so rounded, at the fp32
-  // tolerance (a tile misplaced, or operands not rounded as the tensor cores need, is far outside it). Its
-  // weighted sums also round p' to TF32: ctx is within a TF32 bound of the CPU's on rounded q, k and v. Dk 16 to 96
-  // (one and two tiles of ctx a warp), one and several query and key tiles, key padding with a sentence whose
-  // every key is masked, causal masks, dropout.
-  std::printf("parity_gpu: TF32 attention forward (tensor cores)\n");
+  // ---- attention on the tensor cores (TF32; --precision tf32 and bf16, Dk a multiple of 16) ------------------
+  // The forward's scores are sums of products of q and k rounded to TF32: p is the CPU's on q and k so rounded,
+  // at the fp32 tolerance (a tile misplaced, or operands not rounded as the tensor cores need, is far outside
+  // it). Its weighted sums also round p' to TF32: ctx is within a TF32 bound of the CPU's on rounded q, k and v.
+  // The backward (on the tensor cores where the keys fit one tile) rounds ds and p' too: dq, dk and dv within
+  // the bound of the CPU's on rounded q, k, v and dctx. Dk 16 to 96 (one and two 16 x 16 tiles a warp), one and
+  // several query and key tiles, key padding with a sentence whose every key is masked, causal masks, dropout.
+  std::printf("parity_gpu: TF32 attention (tensor cores)\n");
   set_precision(Precision::tf32);
   {
     // p' rounded to TF32 moves ctx_i by up to 2^-11 sum_j p'_ij |v_j|, which is several times ctx's RMS where
@@ -970,6 +975,14 @@ int main() {
       gpu::attention_forward(ctx.d, p.d, q.d, k.d, v.d, dvalid, c.causal, c.key, b3, c.lq, c.lk, d, c.heads);
       rep.same(p, "TF32 attention_forward p" + tag);
       same_bf16(ck, ctx.get(), ctx.h, kTf32Tol, "TF32 attention_forward ctx" + tag);
+      // the backward from each side's p: on the tensor cores where the keys fit one tile, else the fp32 kernel
+      Buf dctx(r.vec((size_t)b3 * c.lq * d)), dq(r.vec((size_t)b3 * c.lq * d)), dk(r.vec((size_t)b3 * c.lk * d)), dv(r.vec((size_t)b3 * c.lk * d));
+      const std::vector<float> dctxr = tf32_rounded(dctx.h);
+      cpu::attention_backward(dq.h.data(), dk.h.data(), dv.h.data(), dctxr.data(), p.h.data(), qr.data(), kr.data(), vr.data(), c.key, b3,
+                              c.lq, c.lk, d, c.heads);
+      gpu::attention_backward(dq.d, dk.d, dv.d, dctx.d, p.d, q.d, k.d, v.d, c.key, b3, c.lq, c.lk, d, c.heads);
+      for (auto [g, name] : {std::pair{&dq, "dq"}, std::pair{&dk, "dk"}, std::pair{&dv, "dv"}})
+        same_bf16(ck, g->get(), g->h, kTf32Tol, std::string("TF32 attention_backward ") + name + tag);
       gpu::release(dvalid);
     }
   }
@@ -1135,13 +1148,18 @@ int main() {
     a.l2 = std::sqrt(std::fmax(diff, 0) / norm);
     return a;
   };
-  for (bool self : {false, true}) {  // attention's projections: each input rounded once for its products
+  // attention's projections: each input rounded once for its products; Dk 4 (the fp32 kernels) and 16 (the
+  // tensor cores')
+  for (const auto& [D, H] : {std::pair{D, H}, std::pair{32, 2}})
+  for (bool self : {false, true}) {
     const int lk = self ? Lq : Lk;
     std::vector<uint8_t> valid((size_t)B * lk, 1);
     valid[lk - 1] = 0;
     uint8_t* dvalid = gpu::alloc_bytes(valid.size());
     gpu::upload(dvalid, valid.data(), valid.size());
-    Buf xq(r.vec((size_t)M * D)), xkv(r.vec((size_t)B * lk * D)), wq(r.vec(D * D)), wk(r.vec(D * D)), wv(r.vec(D * D)), wo(r.vec(D * D));
+    const float w = std::sqrt(12.f / D);  // the weights' range: the scores' spread of D 12 at D 32 too (bf16 peaks a softmax less)
+    Buf xq(r.vec((size_t)M * D)), xkv(r.vec((size_t)B * lk * D)), wq(r.vec(D * D, -w, w)), wk(r.vec(D * D, -w, w)), wv(r.vec(D * D, -w, w)),
+        wo(r.vec(D * D, -w, w));
     Buf aq(zeros((size_t)M * D)), ak(zeros((size_t)B * lk * D)), av(zeros((size_t)B * lk * D)), ap(zeros((size_t)B * H * Lq * lk)),
         actx(zeros((size_t)M * D)), out(zeros((size_t)M * D)), sq(zeros((size_t)M * D)), sk(zeros((size_t)B * lk * D)),
         sv(zeros((size_t)B * lk * D)), sctx(zeros((size_t)M * D));
@@ -1155,7 +1173,7 @@ int main() {
     auto dev = [](Buf& a, Buf& b, Buf& c, Buf& d) { return AttentionWeights<float>{a.d, b.d, c.d, d.d}; };
     AttentionActs<float> ha{aq.h.data(), ak.h.data(), av.h.data(), ap.h.data(), actx.h.data()}, da{aq.d, ak.d, av.d, ap.d, actx.d};
     AttentionActs<float> hs{sq.h.data(), sk.h.data(), sv.h.data(), nullptr, sctx.h.data()}, ds{sq.d, sk.d, sv.d, nullptr, sctx.d};
-    const std::string tag = self ? " (self, causal)" : " (cross)";
+    const std::string tag = std::string(self ? " (self, causal" : " (cross") + ", Dk " + std::to_string(D / H) + ")";
     cpu::multihead_attention_forward(out.h.data(), ha, xq.h.data(), hkv, host(wq, wk, wv, wo), valid.data(), self, drop, B, Lq, lk, D, H);
     gpu::multihead_attention_forward(out.d, da, xq.d, dkv, dev(wq, wk, wv, wo), dvalid, self, drop, B, Lq, lk, D, H);
     same_bf16(ck, out.get(), out.h, kBf16Chain, "bf16 multihead_attention_forward" + tag);
