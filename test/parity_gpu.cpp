@@ -1195,9 +1195,10 @@ int main() {
       same_bf16(ck, b->get(), b->h, kBf16Chain, std::string("bf16 multihead_attention_backward ") + name + tag);
     gpu::release(dvalid);
   }
-  for (bool pre_ln : {false, true}) {
+  // post-LN and pre-LN at d 12 (Dk 4: the fp32 attention kernels), post-LN at d 32 (Dk 16: the tensor cores')
+  for (const auto& [pre_ln, D, H] : {std::tuple{false, 12, 3}, std::tuple{true, 12, 3}, std::tuple{false, 32, 2}}) {
     Config c = config_preset("tiny");
-    c.N = 2, c.D = 12, c.F = 20, c.H = 3, c.V = 37, c.max_len = 16, c.pre_ln = pre_ln;
+    c.N = 2, c.D = D, c.F = 20, c.H = H, c.V = 37, c.max_len = 16, c.pre_ln = pre_ln;
     c.warmup = 1, c.lr_scale = 0.02;  // a first update large enough to move the loss
     Transformer<float> on_cpu(c, 9), on_gpu(c, 9), other(c, 9);
     transformer_to_device(on_gpu, Device::cuda);
@@ -1210,7 +1211,7 @@ int main() {
     std::vector<const std::vector<int>*> ps, pt;
     for (int i = 0; i < 6; ++i) ps.push_back(&src[i]), pt.push_back(&tgt[i]);
     const Batch batch = make_batch(ps, pt), reversed = make_batch(pt, ps);  // another batch: sides swapped
-    const std::string tag = pre_ln ? " (pre-LN)" : " (post-LN)";
+    const std::string tag = std::string(pre_ln ? " (pre-LN" : " (post-LN") + (D / H == 16 ? ", Dk 16)" : ")");
     zero_grad(on_cpu), zero_grad(on_gpu), zero_grad(other);
     const double lc = transformer_forward(on_cpu, batch, true), lg = transformer_forward(on_gpu, batch, true);
     transformer_forward(other, reversed, true);
