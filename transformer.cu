@@ -2838,6 +2838,7 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
     }
     __syncthreads();  // before the next tile overwrites these
   }
+  __syncthreads();  // every thread's copies of the queries landed (with no keys, no barrier was met since), and read
   for (int t = 0; t < kTiles; ++t) {  // the sums into the queries' space, which no warp reads any more
     const auto [r0, c0] = warp_tile(warp, t);
     if (c0 < Dk) wmma::store_matrix_sync(qs + r0 * ld + c0, acc[t], ld, wmma::mem_row_major);

@@ -344,6 +344,17 @@ int main() {
     rep.same(dk, "attention_backward dk" + tag);
     rep.same(dv, "attention_backward dv" + tag);
   }
+  // no keys (Lk 0): no row has a visible key, so ctx is 0, in fp32 and on the tensor cores (TF32, Dk 16), where no
+  // warp may store its sums over the queries' tile while another's copies into it are still in flight
+  for (const auto& [D, H, tf32] : {std::tuple{D, H, false}, std::tuple{32, 2, true}}) {
+    set_precision(tf32 ? Precision::tf32 : Precision::fp32);
+    Buf q(r.vec((size_t)B * Lq * D)), ctx(zeros((size_t)B * Lq * D)), unused(zeros(1));
+    ctx.poison();
+    float* u = unused.h.data();
+    cpu::attention_forward(ctx.h.data(), u, q.h.data(), u, u, nullptr, false, none, B, Lq, 0, D, H);
+    gpu::attention_forward(ctx.d, unused.d, q.d, unused.d, unused.d, nullptr, false, none, B, Lq, 0, D, H);
+    rep.same(ctx, std::string("attention_forward ctx (no keys") + (tf32 ? ", TF32, Dk 16)" : ")"));
+  }
   set_precision(Precision::fp32);
 
   {  // a head dimension past what the shared memory holds (100) is refused before anything runs
