@@ -3145,6 +3145,9 @@ template <typename F> static void with_head_slots(int D, int H, F launch) {
                               std::to_string(kMaxHeadDim));
 }
 
+// Whether attention's products go to the tensor cores (attention_forward_tensor_core_kernel, and where the keys
+// fit one tile attention_backward_tensor_core_kernel): the products are not fp32, and Dk is a multiple of 16
+static bool attention_on_tensor_cores(int Dk) { return products() != Precision::fp32 && Dk % 16 == 0 && Dk <= kMaxHeadDim; }
 void attention_forward(float* ctx, float* p, const float* q, const float* k, const float* v, const uint8_t* key_valid,
                        bool causal, DropoutKey drop, int B, int Lq, int Lk, int D, int H) {
   if ((size_t)B * H * Lq == 0) return;
@@ -3152,7 +3155,7 @@ void attention_forward(float* ctx, float* p, const float* q, const float* k, con
   bool alone;
   bf16* ctx16 = bf16_twin_of(ctx, (size_t)B * Lq * D, &alone);
   const int Dk = D / H;
-  if (products() != Precision::fp32 && Dk % 16 == 0 && Dk <= kMaxHeadDim) {
+  if (attention_on_tensor_cores(Dk)) {
     const size_t bytes = attention_tensor_core_shared_bytes(Dk);
     if (Dk <= 64) LAUNCH(attention_forward_tensor_core_kernel<1>, grid, kAttentionThreads, bytes, alone ? nullptr : ctx, ctx16, p, q, k, v,
                          key_valid, causal, drop, H, Lq, Lk, D);
@@ -3173,7 +3176,7 @@ static void attention_backward(float* dq, float* dk, float* dv, bf16* dq16, bf16
                                int D, int H) {
   if ((size_t)B * H * (Lq + Lk) == 0) return;
   const int Dk = D / H;
-  if (products() != Precision::fp32 && Dk % 16 == 0 && Dk <= kMaxHeadDim && Lk <= kAttentionTile) {
+  if (attention_on_tensor_cores(Dk) && Lk <= kAttentionTile) {
     const size_t bytes = one_key_tile_tensor_core_shared_bytes(Dk);
     if (Dk <= 64)
       LAUNCH(attention_backward_tensor_core_kernel<1>, B * H, kAttentionThreads, dynamic_shared_bytes(attention_backward_tensor_core_kernel<1>, bytes),
