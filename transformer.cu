@@ -2785,6 +2785,19 @@ __device__ WarpTile warp_tile(int warp, int t) {
   const int tile = warp + kAttentionWarps * t;
   return {16 * (tile % 2), 16 * (tile / 2)};
 }
+// out (32 x 32, kScoreLd floats a row) = a B^T: the dot products of the rows of tile a with those of tile b over
+// the head's Dk columns (tiles attention_ld(Dk) floats a row), as four 16 x 16 products by warps 0-3 (B^T: b's
+// rows read as columns, column-major). The caller meets the block before and after.
+__device__ void tile_rows_dot_rows(float* out, const float* a, const float* b, int Dk) {
+  namespace wmma = nvcuda::wmma;
+  const int warp = threadIdx.x / 32, ld = attention_ld(Dk);
+  if (warp >= 4) return;
+  const int r0 = 16 * (warp / 2), c0 = 16 * (warp % 2);
+  Tf32Sums st;
+  wmma::fill_fragment(st, 0.f);
+  add_tf32_product<wmma::row_major, wmma::col_major>(st, a + r0 * ld, ld, b + c0 * ld, ld, Dk);
+  wmma::store_matrix_sync(out + r0 * kScoreLd + c0, st, kScoreLd, wmma::mem_row_major);
+}
 template <int kTiles>  // a warp's tiles of ctx: ceil(2 (Dk / 16) / 8)
 __global__ void __launch_bounds__(kAttentionThreads, 4)
     attention_forward_tensor_core_kernel(float* ctx, bf16* ctx16, float* p, const float* q, const float* k, const float* v,
@@ -2804,13 +2817,7 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
   auto scores = [&](float (&s)[kRowsPerWarp], int j0) {
     if (Lk > kAttentionTile) load_head_tile(ks, k, b, h, Lk, j0, D, Dk);
     __syncthreads();  // the key tile is loaded, and the last tile's p' read by all
-    if (warp < 4) {   // (32 x 32 scores: four 16 x 16 tiles)
-      const int r0 = 16 * (warp / 2), c0 = 16 * (warp % 2);
-      Tf32Sums st;
-      wmma::fill_fragment(st, 0.f);
-      add_tf32_product<wmma::row_major, wmma::col_major>(st, qs + r0 * ld, ld, ks + c0 * ld, ld, Dk);  // K^T: the keys' rows as columns
-      wmma::store_matrix_sync(ss + r0 * kScoreLd + c0, st, kScoreLd, wmma::mem_row_major);
-    }
+    tile_rows_dot_rows(ss, qs, ks, Dk);  // q_i . k_j
     __syncthreads();  // the scores are stored (and the key tile read)
     const int j = j0 + lane;
     const bool valid = j < Lk && key_valid[(size_t)b * Lk + j];
@@ -2980,13 +2987,7 @@ __global__ void __launch_bounds__(kAttentionThreads, kTiles == 1 ? 4 : 3)  // Dk
     copy_head_tile(qs, q, b, h, Lq, i0, D, Dk), copy_head_tile(dcs, dctx, b, h, Lq, i0, D, Dk);
     wait_for_copies();
     __syncthreads();  // the tiles are loaded
-    if (warp < 4) {   // dctx V^T: 32 x 32, four 16 x 16 tiles
-      const int r0 = 16 * (warp / 2), c0 = 16 * (warp % 2);
-      Tf32Sums st;
-      wmma::fill_fragment(st, 0.f);
-      add_tf32_product<wmma::row_major, wmma::col_major>(st, dcs + r0 * ld, ld, vs + c0 * ld, ld, Dk);
-      wmma::store_matrix_sync(ds_tile + r0 * kScoreLd + c0, st, kScoreLd, wmma::mem_row_major);
-    }
+    tile_rows_dot_rows(ds_tile, dcs, vs, Dk);  // dctx_i . v_j
     __syncthreads();  // dctx_i . v_j stored
     float dot[kRowsPerWarp], ds[kRowsPerWarp], pk[kRowsPerWarp];
     for (int r = 0; r < kRowsPerWarp; ++r) dot[r] = ds_tile[row_of(r) * kScoreLd + lane];
