@@ -1342,38 +1342,42 @@ inline std::vector<float> operand_floats(const void* p, cudaDataType_t type, boo
   }
   return out;
 }
-// The product of a cuBLAS call, when its stream gets to it: false when an operand leaves its allocation.
+// The product of a cuBLAS call, when its stream gets to it: false when an operand leaves its allocation. C is
+// fp32, or bf16 (c_bf16: each element rounded once, from its fp32 sum, to nearest even, as cuBLAS's epilogue does).
 inline bool product(const char* call, bool at, bool bt, int m, int n, int k, float alpha, const void* A, const void* B,
-                    cudaDataType_t type, bool tf32, int lda, int ldb, float beta, float* C, int ldc, bool count) {
+                    cudaDataType_t type, bool tf32, int lda, int ldb, float beta, void* C, bool c_bf16, int ldc, bool count) {
   const size_t element = type == CUDA_R_16BF ? 2 : 4;
   if (m > 0 && n > 0 &&
       (!operand_inside(call, "A", A, element, at ? k : m, at ? m : k, lda) ||
-       !operand_inside(call, "B", B, element, bt ? n : k, bt ? k : n, ldb) || !operand_inside(call, "C", C, 4, m, n, ldc)))
+       !operand_inside(call, "B", B, element, bt ? n : k, bt ? k : n, ldb) || !operand_inside(call, "C", C, c_bf16 ? 2 : 4, m, n, ldc)))
     return false;
   if (count) ++state().counts.blas_calls[call];  // a call the GPU runs: refused and failed ones are not
   if (m == 0 || n == 0 || state().dry_run) return true;
   const std::vector<float> a = operand_floats(A, type, tf32, at ? k : m, at ? m : k, lda), b = operand_floats(B, type, tf32, bt ? n : k, bt ? k : n, ldb);
   const float* fa = a.empty() ? (const float*)A : a.data();
   const float* fb = b.empty() ? (const float*)B : b.data();
-  if (alpha == 1 && (beta == 0 || beta == 1)) {
-    cpu::gemm<float>(bt, at, n, m, k, fb, ldb, fa, lda, C, ldc, beta == 1);
+  if (!c_bf16 && alpha == 1 && (beta == 0 || beta == 1)) {
+    cpu::gemm<float>(bt, at, n, m, k, fb, ldb, fa, lda, (float*)C, ldc, beta == 1);
     return true;
   }
   std::vector<float> product((size_t)n * m);
   cpu::gemm<float>(bt, at, n, m, k, fb, ldb, fa, lda, product.data(), m, false);
   for (int j = 0; j < n; ++j)
     for (int i = 0; i < m; ++i) {
-      float& c = C[(size_t)j * ldc + i];
-      c = alpha * product[(size_t)j * m + i] + (beta == 0 ? 0.f : beta * c);  // beta 0: C is not read
+      const size_t at_c = (size_t)j * ldc + i;
+      const float old = beta == 0 ? 0.f : c_bf16 ? __bfloat162float(((__nv_bfloat16*)C)[at_c]) : ((float*)C)[at_c];  // beta 0: C is not read
+      const float c = alpha * product[(size_t)j * m + i] + beta * old;
+      if (c_bf16) ((__nv_bfloat16*)C)[at_c] = __float2bfloat16(c);
+      else ((float*)C)[at_c] = c;
     }
   return true;
 }
-// C = alpha op(A) op(B) + beta C, column-major (m x n, op(A) m x k), C in fp32, A and B both fp32 or both
-// bf16, the arithmetic in fp32. Row-major, C is C^T (n x m, ld ldc) and C^T = op(B)^T op(A)^T, which
+// C = alpha op(A) op(B) + beta C, column-major (m x n, op(A) m x k), A and B both fp32 or both bf16, the
+// arithmetic in fp32, C in fp32 or (c_bf16) bf16. Row-major, C is C^T (n x m, ld ldc) and C^T = op(B)^T op(A)^T, which
 // cpu::gemm computes from the same memory with the transposes as given.
 inline cublasStatus_t gemm(cublasHandle_t h, const char* call, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
                            const float* alpha, const void* A, const void* B, cudaDataType_t type, int lda, int ldb, const float* beta,
-                           float* C, int ldc, bool count = true) {
+                           void* C, int ldc, bool count = true, bool c_bf16 = false) {
   if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
   const bool at = ta != CUBLAS_OP_N, bt = tb != CUBLAS_OP_N;
   if (ta < CUBLAS_OP_N || ta > CUBLAS_OP_C || tb < CUBLAS_OP_N || tb > CUBLAS_OP_C || m < 0 || n < 0 || k < 0 ||
@@ -1383,7 +1387,7 @@ inline cublasStatus_t gemm(cublasHandle_t h, const char* call, cublasOperation_t
   // the product runs when the stream gets to it, with alpha and beta as they are now (host pointer mode)
   const bool tf32 = h->math == CUBLAS_TF32_TENSOR_OP_MATH;
   const float al = *alpha, be = *beta;
-  auto run = [=] { return state().sticky_error == cudaSuccess && product(call, at, bt, m, n, k, al, A, B, type, tf32, lda, ldb, be, C, ldc, count); };
+  auto run = [=] { return state().sticky_error == cudaSuccess && product(call, at, bt, m, n, k, al, A, B, type, tf32, lda, ldb, be, C, c_bf16, ldc, count); };
   if (!recording(h->stream)) return run() ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
   queue(h->stream, [run] { run(); });
   return CUBLAS_STATUS_SUCCESS;
@@ -1417,15 +1421,17 @@ inline cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, cublasOperatio
   return emu::gemm_strided_batched(h, "cublasSgemmStridedBatched", ta, tb, m, n, k, alpha, A, stride_a, B, stride_b, CUDA_R_32F, lda,
                                    ldb, beta, C, stride_c, ldc, batches);
 }
-// cublasGemmEx for what the GPU section asks of it: A and B both fp32 or both bf16, C fp32, fp32 arithmetic
-// (CUBLAS_COMPUTE_32F); any other combination is CUBLAS_STATUS_NOT_SUPPORTED here.
+// cublasGemmEx for what the GPU section asks of it: A and B both fp32 or both bf16, fp32 arithmetic
+// (CUBLAS_COMPUTE_32F), C fp32, or bf16 where A and B are; any other combination is CUBLAS_STATUS_NOT_SUPPORTED here.
 inline cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void* alpha,
                                    const void* A, cudaDataType_t a_type, int lda, const void* B, cudaDataType_t b_type, int ldb,
                                    const void* beta, void* C, cudaDataType_t c_type, int ldc, cublasComputeType_t compute,
                                    cublasGemmAlgo_t) {
-  if (a_type != b_type || (a_type != CUDA_R_32F && a_type != CUDA_R_16BF) || c_type != CUDA_R_32F || compute != CUBLAS_COMPUTE_32F)
+  if (a_type != b_type || (a_type != CUDA_R_32F && a_type != CUDA_R_16BF) || (c_type != CUDA_R_32F && c_type != a_type) ||
+      compute != CUBLAS_COMPUTE_32F)
     return CUBLAS_STATUS_NOT_SUPPORTED;
-  return emu::gemm(h, "cublasGemmEx", ta, tb, m, n, k, (const float*)alpha, A, B, a_type, lda, ldb, (const float*)beta, (float*)C, ldc);
+  return emu::gemm(h, "cublasGemmEx", ta, tb, m, n, k, (const float*)alpha, A, B, a_type, lda, ldb, (const float*)beta, C, ldc, true,
+                   c_type == CUDA_R_16BF);
 }
 // cublasGemmStridedBatchedEx likewise: cublasGemmEx's types, `batches` products strided as cublasSgemmStridedBatched's
 inline cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,

@@ -879,8 +879,11 @@ template <typename T> void transformer_init(Transformer<T>& m, uint64_t seed) {
   m.step = 0;
 }
 
-// Carves the activation arena for one batch shape: called once to count, once to point.
-template <typename T> static size_t carve_activations(Activations<T>& a, const Config& c, int B, int S, int Tl, T* base) {
+// Carves the activation arena for one batch shape: called once to count, once to point. Without hidden_fp32,
+// the FFN's pre-activations and their gradient's scratch are left out (null): the GPU in bf16 writes only
+// their roundings (ffn_forward, ffn_backward).
+template <typename T>
+static size_t carve_activations(Activations<T>& a, const Config& c, int B, int S, int Tl, T* base, bool hidden_fp32 = true) {
   size_t used = 0;
   auto take = [&](size_t n) -> T* {
     T* p = base ? base + used : nullptr;
@@ -901,7 +904,7 @@ template <typename T> static size_t carve_activations(Activations<T>& a, const C
   auto attention = [&](size_t Lq, size_t Lk) {
     return AttentionActs<T>{take(B * Lq * D), take(B * Lk * D), take(B * Lk * D), take(B * H * Lq * Lk), take(B * Lq * D)};
   };
-  auto ffn = [&](size_t M) { return FfnActs<T>{take(M * c.F), take(M * c.F)}; };
+  auto ffn = [&](size_t M) { return FfnActs<T>{hidden_fp32 ? take(M * c.F) : nullptr, take(M * c.F)}; };
   auto stack = [&](size_t M) {
     StackActs<T> s{};
     s.x0 = take(M * D);
@@ -937,7 +940,7 @@ template <typename T> static size_t carve_activations(Activations<T>& a, const C
   a.d_sub = take(Mmax * D);
   a.d_norm = take(Mmax * D);
   a.d_attn = AttentionActs<T>{take(Mmax * D), take(Mmax * D), take(Mmax * D), nullptr, take(Mmax * D)};
-  a.dh = take(Mmax * c.F);
+  a.dh = hidden_fp32 ? take(Mmax * c.F) : nullptr;
   a.dlogits = take(Mt * c.V);
   return used;
 }
@@ -958,12 +961,14 @@ static void validate_batch(const Config& c, const Batch& batch) {
 }
 
 // Carves the arena for a batch's shape (growing it when needed) and marks its real tokens; `base`
-// allocates n elements and returns where they start (a host vector, or device memory).
+// allocates n elements and returns where they start (a host vector, or device memory). hidden_fp32: as
+// carve_activations.
 template <typename T, typename Allocate>
-static void prepare_activations(Activations<T>& a, const Config& c, const Batch& batch, Allocate allocate) {
-  if (a.batch != batch.B || a.src_len != batch.S || a.tgt_len != batch.T) {
-    carve_activations<T>(a, c, batch.B, batch.S, batch.T, allocate(carve_activations<T>(a, c, batch.B, batch.S, batch.T, nullptr)));
-    a.batch = batch.B, a.src_len = batch.S, a.tgt_len = batch.T;
+static void prepare_activations(Activations<T>& a, const Config& c, const Batch& batch, Allocate allocate, bool hidden_fp32 = true) {
+  if (a.batch != batch.B || a.src_len != batch.S || a.tgt_len != batch.T || a.hidden_fp32 != hidden_fp32) {
+    const size_t need = carve_activations<T>(a, c, batch.B, batch.S, batch.T, nullptr, hidden_fp32);
+    carve_activations<T>(a, c, batch.B, batch.S, batch.T, allocate(need), hidden_fp32);
+    a.batch = batch.B, a.src_len = batch.S, a.tgt_len = batch.T, a.hidden_fp32 = hidden_fp32;
   }
   a.src_valid.resize(batch.src.size());
   a.tgt_valid.resize(batch.tgt_in.size());
@@ -2293,8 +2298,9 @@ std::vector<float> bf16_copy(const float* p, size_t n) {
 // Scratch for rounded operands, one per role, grown when a larger one is needed: a product's left and
 // right operands, an input that several products share (rounded once for all of them), and the attention
 // backward's three gradients, which its kernel rounds as it writes them (read by later products), one after
-// another.
-enum Slot { kLeft, kRight, kShared, kDqkv, kSlots };
+// another, and the FFN's hidden units where they have no twin (and their gradient), which a product writes
+// and a pass of ours turns into what the next product reads, in place.
+enum Slot { kLeft, kRight, kShared, kDqkv, kHidden, kSlots };
 static bf16* bf16_scratch(Slot slot, size_t n) {
   static bf16* p[kSlots] = {};
   static size_t size[kSlots] = {};
@@ -2330,25 +2336,36 @@ struct Batch {
   int count = 1;
   long long a = 0, b = 0, c = 0;
 };
+// Where a product's result goes: its fp32 elements, or only their bf16 rounding (h), for a result that only a
+// pass of ours reads, as bf16 (the FFN's hidden units, forward and backward): cuBLAS's epilogue rounds each
+// element once, from its fp32 sum, and writes half the bytes, which that pass reads back.
+struct Result {
+  float* f = nullptr;
+  bf16* h = nullptr;
+  Result(float* f) : f(f) {}
+  Result(bf16* h) : h(h) {}
+};
 // Both operands in bf16: cublasGemmEx on the tensor cores, fp32 sums; otherwise SGEMM (fp32, or TF32 math).
-static void gemm_operands(bool ta, bool tb, int M, int N, int K, Operand A, int lda, Operand B, int ldb, float* C, int ldc,
+static void gemm_operands(bool ta, bool tb, int M, int N, int K, Operand A, int lda, Operand B, int ldb, Result C, int ldc,
                           bool accumulate, Batch batch = {}) {
   if (M == 0 || N == 0) return;
+  if (C.h && (!A.h || !B.h || accumulate || batch.count != 1))
+    throw std::logic_error("a product rounded to bf16 takes bf16 operands, one product, and writes its result");
   launch_deferred_fills();  // cuBLAS's kernels are not LAUNCH's
   const float one = 1, beta = accumulate ? 1.f : 0.f;
   const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   if (A.h && B.h && batch.count == 1)
-    CUBLAS_CHECK(cublasGemmEx(blas(), opb, opa, N, M, K, &one, B.h, CUDA_R_16BF, ldb, A.h, CUDA_R_16BF, lda, &beta, C, CUDA_R_32F, ldc,
-                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    CUBLAS_CHECK(cublasGemmEx(blas(), opb, opa, N, M, K, &one, B.h, CUDA_R_16BF, ldb, A.h, CUDA_R_16BF, lda, &beta,
+                              C.h ? (void*)C.h : C.f, C.h ? CUDA_R_16BF : CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   else if (A.h && B.h)
     CUBLAS_CHECK(cublasGemmStridedBatchedEx(blas(), opb, opa, N, M, K, &one, B.h, CUDA_R_16BF, ldb, batch.b, A.h, CUDA_R_16BF, lda,
-                                            batch.a, &beta, C, CUDA_R_32F, ldc, batch.c, batch.count, CUBLAS_COMPUTE_32F,
+                                            batch.a, &beta, C.f, CUDA_R_32F, ldc, batch.c, batch.count, CUBLAS_COMPUTE_32F,
                                             CUBLAS_GEMM_DEFAULT));
   else if (batch.count == 1)
-    CUBLAS_CHECK(cublasSgemm(blas(), opb, opa, N, M, K, &one, B.f, ldb, A.f, lda, &beta, C, ldc));
+    CUBLAS_CHECK(cublasSgemm(blas(), opb, opa, N, M, K, &one, B.f, ldb, A.f, lda, &beta, C.f, ldc));
   else
-    CUBLAS_CHECK(cublasSgemmStridedBatched(blas(), opb, opa, N, M, K, &one, B.f, ldb, batch.b, A.f, lda, batch.a, &beta, C, ldc, batch.c,
-                                           batch.count));
+    CUBLAS_CHECK(cublasSgemmStridedBatched(blas(), opb, opa, N, M, K, &one, B.f, ldb, batch.b, A.f, lda, batch.a, &beta, C.f, ldc,
+                                           batch.c, batch.count));
 }
 void gemm(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc,
           bool accumulate) {
@@ -2360,10 +2377,11 @@ void gemm(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const 
 static void project(float* out, Operand in, const float* w, int M, int I, int O) {
   gemm_operands(false, false, M, O, I, in, I, operand(w, (size_t)I * O, kRight), O, out, O, false);
 }
-// Its backward: din (+)= dout @ w^T (added, or written when din holds nothing yet: no zeroing launch),
-// dw += in^T @ dout, with dout as both products read it (in bf16 rounded once, into kLeft; in must not be there).
-static void project_backward(float* din, bool add_din, float* dw, Operand d, Operand in, const float* w, int M, int I, int O) {
-  if (din) gemm_operands(false, true, M, I, O, d, O, operand(w, (size_t)I * O, kRight), O, din, I, add_din);
+// Its backward: din (+)= dout @ w^T (added, or written when din holds nothing yet: no zeroing launch; a bf16
+// Result is written), dw += in^T @ dout, with dout as both products read it (in bf16 rounded once, into kLeft;
+// in must not be there).
+static void project_backward(Result din, bool add_din, float* dw, Operand d, Operand in, const float* w, int M, int I, int O) {
+  if (din.f || din.h) gemm_operands(false, true, M, I, O, d, O, operand(w, (size_t)I * O, kRight), O, din, I, add_din);
   if (dw) gemm_operands(true, false, I, O, M, in, I, d, O, dw, O, true);
 }
 // Projections of one input by weights that lie one after another (the parameter layout keeps an attention's
@@ -2429,7 +2447,7 @@ void linear_forward(float* out, const float* in, const float* w, const float* b,
 
 // forward was: out = in @ w + b; so now: din (+)= dout @ w^T (add_din as project_backward's), dw += in^T @ dout,
 // db += sum_rows dout (dout as project_backward takes it)
-static void linear_backward(float* din, bool add_din, float* dw, float* db, Operand dout, const float* in, const float* w, int M,
+static void linear_backward(Result din, bool add_din, float* dw, float* db, Operand dout, const float* in, const float* w, int M,
                             int I, int O) {
   project_backward(din, add_din, dw, dout, dw ? operand(in, (size_t)M * I, kShared) : Operand{in, nullptr}, w, M, I, O);
   if (db && M > 0) gemm_operands(false, false, 1, O, M, {ones(M), nullptr}, M, {dout.f, nullptr}, O, db, O, true);  // ones^T @ dout, fp32
@@ -3258,15 +3276,18 @@ void multihead_attention_backward(float* dxq, float* dxkv, const AttentionWeight
 // ---- [Eq. 2, §3.3] the feed-forward network ----------------------------------------------------------
 // After the first product (hpre = in W1): the bias, the ReLU and the dropout in one pass, not three, the
 // bias added as the pass reads hpre (not written back: nothing reads hpre after this pass). In bf16 the
-// pass also rounds h for the second product (h16: h's twin, or scratch). A unit that did not pass (x <= 0,
-// or dropped) is written as -0, one that did as x scale > 0 (its bf16 rounding +0 at the least), so the
-// backward takes the mask from h's sign bit, or its twin's; a training step's bf16 twin is listed alone,
-// and then the pass writes it and not h (h null). The backward's pass likewise rounds dh, and sums b1's
-// gradient as it goes.
+// product writes hpre's rounding alone, into the place of h's bf16 twin (h16: the twin, or scratch), and the
+// pass turns each element into h's, in place (hpre null); in fp32 or TF32 it reads hpre and writes h. A unit
+// that did not pass (x <= 0, or dropped) is written as -0, one that did as x scale > 0 (its bf16 rounding +0
+// at the least), so the backward takes the mask from h's sign bit, or its twin's; a training step's bf16 twin
+// is listed alone, and then the pass writes it and not h (h null). The backward's pass likewise scales dh,
+// in bf16 the product's rounding of it in place, and sums b1's gradient as it goes.
 // Both passes give a thread one column (columns_grid) and take kFfnRowsAtOnce rows at a time, all their
 // loads issued before any is used: with one element a thread, a pass waited a load's latency per element
 // (the backward two: the mask's, then dh's) and found the column as i % F, a 64-bit remainder; the two
-// moved 1.5-1.8 TB/s on the H100, where a copy moves 3.0 (2026-11-27).
+// moved 1.5-1.8 TB/s on the H100, where a copy moves 3.0 (2026-11-27). In bf16 each reads its fp32 input
+// from the product no more (64 MiB an FFN of the base step, each way, and as much less written by cuBLAS):
+// not timed on a GPU yet.
 constexpr int kFfnRowsAtOnce = 4;
 __global__ void bias_relu_dropout_kernel(float* h, bf16* h16, const float* hpre, const float* b, DropoutKey drop, size_t M, int F,
                                          float scale) {
@@ -3276,7 +3297,10 @@ __global__ void bias_relu_dropout_kernel(float* h, bf16* h16, const float* hpre,
   const float bias = b[c];
   for (size_t r0 = (size_t)blockIdx.y * kFfnRowsAtOnce; r0 < M; r0 += (size_t)gridDim.y * kFfnRowsAtOnce) {
     float x[kFfnRowsAtOnce];
-    for (int k = 0; k < kFfnRowsAtOnce; ++k) x[k] = r0 + k < M ? hpre[(r0 + k) * F + c] : 0.f;
+    for (int k = 0; k < kFfnRowsAtOnce; ++k) {
+      const size_t i = (r0 + k) * F + c;
+      x[k] = r0 + k >= M ? 0.f : hpre ? hpre[i] : __bfloat162float(h16[i]);
+    }
     for (int k = 0; k < kFfnRowsAtOnce && r0 + k < M; ++k) {
       const size_t i = (r0 + k) * F + c;
       const float v = x[k] + bias;
@@ -3288,9 +3312,9 @@ __global__ void bias_relu_dropout_kernel(float* h, bf16* h16, const float* hpre,
 }
 // Whether unit i passed the ReLU and its dropout, from the sign of what the forward wrote (h16 if not null)
 __device__ bool relu_passed(const float* h, const bf16* h16, size_t i) { return !signbit(h16 ? __bfloat162float(h16[i]) : h[i]); }
-// The gate backward, dh = dh scale where the unit passed, else 0, and db += sum_rows dh in the same pass: a
-// block takes kBiasGradRows rows of 256 columns at a time (grid y, strided), a thread a column, and adds
-// each such sum once. In bf16 (dh16) the products read dh16 alone, so dh's fp32 values are not written back.
+// The gate backward, dh = dh scale where the unit passed, else 0, in place in dh (fp32), or in bf16 in dh16
+// (dh null), and db += sum_rows dh in the same pass: a block takes kBiasGradRows rows of 256 columns at a time
+// (grid y, strided), a thread a column, and adds each such sum once.
 constexpr int kBiasGradRows = 64;
 __global__ void relu_backward_kernel(float* dh, bf16* dh16, float* db, const float* h, const bf16* h16, size_t M, int F, float scale) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -3302,14 +3326,15 @@ __global__ void relu_backward_kernel(float* dh, bf16* dh16, float* db, const flo
       bool passed[kFfnRowsAtOnce];
       float g[kFfnRowsAtOnce];
       for (int k = 0; k < kFfnRowsAtOnce; ++k) {
-        passed[k] = r + k < r1 && relu_passed(h, h16, (r + k) * F + c);
-        g[k] = r + k < r1 ? dh[(r + k) * F + c] : 0.f;
+        const size_t i = (r + k) * F + c;
+        passed[k] = r + k < r1 && relu_passed(h, h16, i);
+        g[k] = r + k >= r1 ? 0.f : dh ? dh[i] : __bfloat162float(dh16[i]);
       }
       for (int k = 0; k < kFfnRowsAtOnce && r + k < r1; ++k) {
         const size_t i = (r + k) * F + c;
         const float d = passed[k] ? g[k] * scale : 0.f;
-        if (dh16) dh16[i] = __float2bfloat16(d);
-        else dh[i] = d;
+        if (dh) dh[i] = d;
+        else dh16[i] = __float2bfloat16(d);
         sum += d;
       }
     }
@@ -3319,12 +3344,14 @@ __global__ void relu_backward_kernel(float* dh, bf16* dh16, float* db, const flo
 void ffn_forward(float* out, const FfnActs<float>& a, const float* in, const FfnWeights<float>& w, DropoutKey relu_drop,
                  int M, int D, int F) {
   const size_t n = (size_t)M * F;
-  gemm(false, false, M, F, D, in, D, w.w1, F, a.hpre, F, false);  // hpre = in W1, then + b1, ReLU, dropout
   bool alone;
   bf16* h16 = bf16_twin_of(a.h, n, &alone);
-  if (!h16) h16 = rounded_in_pass(n);
-  LAUNCH(bias_relu_dropout_kernel, columns_grid(M, F, kFfnRowsAtOnce), 256, 0, alone ? nullptr : a.h, h16, a.hpre, w.b1, relu_drop,
-         (size_t)M, F, (float)dropout_scale(relu_drop));
+  if (!h16) h16 = rounded_in_pass(n, kHidden);
+  // hpre = in W1, then + b1, ReLU, dropout; in bf16 hpre's rounding, into h16
+  if (h16) gemm_operands(false, false, M, F, D, operand(in, (size_t)M * D, kLeft), D, operand(w.w1, (size_t)D * F, kRight), F, h16, F, false);
+  else gemm(false, false, M, F, D, in, D, w.w1, F, a.hpre, F, false);
+  LAUNCH(bias_relu_dropout_kernel, columns_grid(M, F, kFfnRowsAtOnce), 256, 0, alone ? nullptr : a.h, h16, h16 ? nullptr : a.hpre, w.b1,
+         relu_drop, (size_t)M, F, (float)dropout_scale(relu_drop));
   linear_forward(out, Operand{a.h, h16}, w.w2, w.b2, M, F, D);
 }
 
@@ -3332,9 +3359,10 @@ void ffn_backward(float* din, const FfnWeights<float>& dw, float* dh, const floa
                   const float* in, const FfnWeights<float>& w, DropoutKey relu_drop, int M, int D, int F) {
   const size_t n = (size_t)M * F;
   const bool add_din = !took_zero_fill(din, (size_t)M * D);  // else written
-  linear_backward(dh, false, dw.w2, dw.b2, operand(dout, (size_t)M * D, kLeft), a.h, w.w2, M, F, D);  // dh written, not added
-  bf16* dh16 = rounded_in_pass(n);
-  LAUNCH(relu_backward_kernel, columns_grid(M, F, kBiasGradRows), 256, 0, dh, dh16, dw.b1, a.h, bf16_twin_of(a.h, n), (size_t)M, F,
+  bf16* dh16 = rounded_in_pass(n, kHidden);  // in bf16 all that is written of dh
+  linear_backward(dh16 ? Result(dh16) : Result(dh), false, dw.w2, dw.b2, operand(dout, (size_t)M * D, kLeft), a.h, w.w2, M, F, D);
+  float* dh32 = dh16 ? nullptr : dh;  // fp32 in and out, or nothing in bf16
+  LAUNCH(relu_backward_kernel, columns_grid(M, F, kBiasGradRows), 256, 0, dh32, dh16, dw.b1, a.h, bf16_twin_of(a.h, n), (size_t)M, F,
          (float)dropout_scale(relu_drop));
   linear_backward(din, add_din, dw.w1, nullptr, Operand{dh, dh16}, in, w.w1, M, D, F);  // b1's gradient: the gate's pass
 }
@@ -3955,14 +3983,17 @@ class GpuModel : public DeviceModel {
   // training pass the batch's part of the dropout keys (dropout_step).
   void prepare(const Batch& b, bool graphed) {
     validate_batch(m.cfg, b);
-    prepare_activations(acts, m.cfg, b, [&](size_t need) {
-      if (need > arena_size) {
-        if (arena) gpu::release(arena);
-        arena = gpu::alloc(need), arena_size = need;
-        ++gpu::graph_epoch();
-      }
-      return arena;
-    });
+    prepare_activations(
+        acts, m.cfg, b,
+        [&](size_t need) {
+          if (need > arena_size) {
+            if (arena) gpu::release(arena);
+            arena = gpu::alloc(need), arena_size = need;
+            ++gpu::graph_epoch();
+          }
+          return arena;
+        },
+        gpu::products() != Precision::bf16);  // in bf16 the FFN's hidden units are written only rounded (set_precision drops the graphs)
     const size_t ns = b.src.size(), nt = b.tgt_in.size();
     CUDA_CHECK(cudaEventSynchronize(uploaded));  // the last batch's copies have read the staging buffers
     if (ns + 2 * nt > ids_size) {

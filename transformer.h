@@ -166,7 +166,7 @@ template <typename T> struct SublayerActs {
   T* out;     // the connection's output (B, L, D)
   T *mean, *rstd;  // LayerNorm statistics (B*L)
 };
-template <typename T> struct FfnActs { T *hpre, *h; };  // (M, F) before ReLU (on the GPU before its bias), after ReLU (+ dropout)
+template <typename T> struct FfnActs { T *hpre, *h; };  // (M, F) before ReLU (on the GPU before its bias; in bf16 not written), after ReLU (+ dropout)
 template <typename T> struct EncoderLayerActs {
   SublayerActs<T> self_sub; AttentionActs<T> self; SublayerActs<T> ffn_sub; FfnActs<T> ffn;
 };
@@ -182,6 +182,7 @@ template <typename T> struct StackActs {
 template <typename T> struct Activations {
   std::vector<T> arena;  // one allocation for everything below
   int batch = 0, src_len = 0, tgt_len = 0;  // the shape the arena is carved for
+  bool hidden_fp32 = true;                    // whether the FFN's hpre and dh are carved (carve_activations)
   std::vector<uint8_t> src_valid, tgt_valid;  // (B,S) (B,T): 1 for real tokens, 0 for padding
   StackActs<T> enc, dec;
   std::vector<EncoderLayerActs<T>> enc_layers;

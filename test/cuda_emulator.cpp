@@ -691,6 +691,32 @@ int main() {
     const std::vector<double> exact = gemm_definition(true, false, m, n, k, alpha, Ar, lda, Br, ldb, beta, C, ldc);
     for (int j = 0; j < n; ++j)
       for (int i = 0; i < m; ++i) ck.close(got[(size_t)j * ldc + i], exact[(size_t)j * ldc + i], 1e-5, 1e-5, "cublasGemmEx bf16 A^T B");
+    {  // C in bf16, beta 0: each element the rounding of its sum (within half a bf16 step, 2^-8 of it, of the exact one), C not read
+      __nv_bfloat16* dC16 = device<__nv_bfloat16>((size_t)n * ldc);  // NaN bytes: a read of C would show
+      const float zero = 0;
+      ck.expect(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, dA, CUDA_R_16BF, lda, dB, CUDA_R_16BF, ldb, &zero, dC16,
+                             CUDA_R_16BF, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS,
+                "cublasGemmEx bf16 C: success");
+      std::vector<__nv_bfloat16> got16((size_t)n * ldc);
+      cudaMemcpy(got16.data(), dC16, got16.size() * 2, cudaMemcpyDeviceToHost);
+      const std::vector<double> product = gemm_definition(true, false, m, n, k, alpha, Ar, lda, Br, ldb, 0, C, ldc);
+      for (int j = 0; j < n; ++j)
+        for (int i = 0; i < m; ++i) {
+          const double want = product[(size_t)j * ldc + i];
+          ck.close(__bfloat162float(got16[(size_t)j * ldc + i]), want, std::ldexp(1.0, -8) + 1e-6, 1e-6, "cublasGemmEx bf16 C, rounded");
+        }
+      ck.expect(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, dA, CUDA_R_16BF, lda, dB, CUDA_R_16BF, ldb, &zero, dC16,
+                             CUDA_R_16BF, ldc + 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_EXECUTION_FAILED,
+                "cublasGemmEx: a bf16 C is 2 bytes an element, and one running past its allocation fails");
+      cudaDeviceReset();
+      dA = device<__nv_bfloat16>(A.size()), dB = device<__nv_bfloat16>(B.size()), dC = device<float>((size_t)n * ldc);
+      cudaMemcpy(dA, a16.data(), A.size() * 2, cudaMemcpyHostToDevice);
+      cudaMemcpy(dB, b16.data(), B.size() * 2, cudaMemcpyHostToDevice);
+      float* dAf = device<float>(A.size());
+      ck.expect(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, dAf, CUDA_R_32F, lda, dAf, CUDA_R_32F, ldb, &zero, dC,
+                             CUDA_R_16BF, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_NOT_SUPPORTED,
+                "cublasGemmEx: fp32 operands with a bf16 C are not supported here");
+    }
     ck.expect(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, dA, CUDA_R_16BF, lda, dC, CUDA_R_32F, ldb, &beta, dC, CUDA_R_32F,
                            ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_NOT_SUPPORTED,
               "cublasGemmEx: a bf16 A with an fp32 B is not supported here");

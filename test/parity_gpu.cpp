@@ -1070,6 +1070,32 @@ int main() {
     same_bf16(ck, dy.get(), dy.h, kBf16Tol, "bf16 output_projection_backward dy");
     same_bf16(ck, demb.get(), demb.h, kBf16Tol, "bf16 output_projection_backward demb");
   }
+  // The FFN against the CPU: its first product writes hpre's rounding alone, which the gate's pass turns into
+  // h's in place, and the backward's first product dh's, which the gate's pass scales in place; hpre and dh
+  // (poisoned) are neither written nor read. Two products in a row, so the chain's bound.
+  {
+    Rand rf{13};  // its own numbers, as the case below
+    const size_t n = (size_t)M * F;
+    Buf in(rf.vec((size_t)M * D)), w1(rf.vec((size_t)D * F)), b1(rf.vec(F)), w2(rf.vec((size_t)F * D)), b2(rf.vec(D)),
+        dout(rf.vec((size_t)M * D)), hpre(zeros(n)), h(zeros(n)), dh(zeros(n)), out(zeros((size_t)M * D)), din(rf.vec((size_t)M * D)),
+        dw1(rf.vec((size_t)D * F)), db1(rf.vec(F)), dw2(rf.vec((size_t)F * D)), db2(rf.vec(D));
+    hpre.poison(), dh.poison();
+    const FfnWeights<float> wh{w1.h.data(), b1.h.data(), w2.h.data(), b2.h.data()}, wd{w1.d, b1.d, w2.d, b2.d};
+    cpu::ffn_forward(out.h.data(), FfnActs<float>{hpre.h.data(), h.h.data()}, in.h.data(), wh, drop, M, D, F);
+    gpu::ffn_forward(out.d, FfnActs<float>{hpre.d, h.d}, in.d, wd, drop, M, D, F);
+    same_bf16(ck, out.get(), out.h, kBf16Chain, "bf16 ffn_forward");
+    cpu::ffn_backward(din.h.data(), FfnWeights<float>{dw1.h.data(), db1.h.data(), dw2.h.data(), db2.h.data()}, dh.h.data(),
+                      dout.h.data(), FfnActs<float>{hpre.h.data(), h.h.data()}, in.h.data(), wh, drop, M, D, F);
+    gpu::ffn_backward(din.d, FfnWeights<float>{dw1.d, db1.d, dw2.d, db2.d}, dh.d, dout.d, FfnActs<float>{hpre.d, h.d}, in.d, wd, drop, M,
+                      D, F);
+    for (const auto& [b, name] : {std::pair{&din, "din"}, {&dw1, "dW1"}, {&db1, "db1"}, {&dw2, "dW2"}, {&db2, "db2"}})
+      same_bf16(ck, b->get(), b->h, kBf16Chain, std::string("bf16 ffn_backward ") + name);
+    size_t written = 0;
+    for (const Buf* b : {&hpre, &dh})
+      for (float x : b->get()) written += !std::isnan(x);
+    ck.expect(written == 0, "bf16 ffn: hpre and dh written at %zu of %zu elements (want 0: only their bf16 roundings)", written, 2 * n);
+    std::printf("  %-44s hpre and dh written at %zu of %zu elements\n", "bf16 ffn: fp32 hidden units", written, 2 * n);
+  }
   // The FFN's h with a twin listed alone, as in a training step: the forward writes the twin and not h, and
   // the backward takes the ReLU's and the dropout's mask from the twin's signs. Every output has the same
   // bits as with h written in fp32 and rounded into scratch, where the backward reads the mask from h.
@@ -1279,6 +1305,15 @@ int main() {
                 lc2, std::fabs(lg2 - lc2) / lc2, kLossTol, lc);
     ck.close(lg2, lc2, kLossTol, 0, ("bf16 step: loss after Adam" + tag).c_str());
     ck.expect(std::fabs(lc2 - lc) > 3 * kLossTol * lc, "bf16 step%s: the update moved the loss by only %.3g", tag.c_str(), lc2 - lc);
+    // The same model and shape in fp32 next: the arena is carved again, with the FFN's fp32 hidden units that
+    // bf16 leaves out (the fp32 FFN writes them), and the step agrees with bf16's within the bound.
+    set_precision(Precision::fp32);
+    const double lf = transformer_forward(on_gpu, batch, true);
+    transformer_backward(on_gpu, batch, true);
+    set_precision(Precision::bf16);
+    std::printf("  %-44s %.7g vs bf16's %.7g (rel err %.2g, bound %.0e)\n", ("then fp32, same shape: loss" + tag).c_str(), lf, lg2,
+                std::fabs(lf - lg2) / lg2, kLossTol);
+    ck.close(lf, lg2, kLossTol, 0, ("then fp32, same shape: loss" + tag).c_str());
   }
   set_precision(Precision::fp32);
   return ck.finish();
