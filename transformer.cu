@@ -2004,8 +2004,8 @@ template <typename T> __device__ T* dynamic_shared() {
   return (T*)dynamic_shared_bytes;
 }
 #endif
-// Every kernel is launched through LAUNCH, which first launches the zero fills still deferred
-// (gpu::launch_deferred_fills) and checks the launch; on the one stream of the GPU path (gpu::stream), so
+// Every kernel is launched through LAUNCH, which first launches the passes still deferred (zero fills, bias
+// additions: gpu::launch_deferred_fills) and checks the launch; on the one stream of the GPU path (gpu::stream), so
 // that a training step can be captured as a CUDA graph.
 #define LAUNCH(kernel, grid, block, shared, ...) \
   (launch_deferred_fills(), KERNEL_LAUNCH(kernel, grid, block, shared, __VA_ARGS__), check_launch())
@@ -2142,34 +2142,58 @@ void fill(float* p, float value, size_t n) {
   LAUNCH(fill_kernel, blocks_for(n), 256, 0, p, value, n);
 }
 
-// ---- zero fills that the next op makes unnecessary -----------------------------------------------------
+// ---- passes that the next op makes unnecessary: zero fills, bias additions ------------------------------
 // The backward zeroes a gradient, then an op adds into it (GpuOps::zero, then e.g. the residual's
 // backward). On the GPU that fill waits (defer_zero_fill): an op whose first act is to add into exactly
 // those floats takes them (took_zero_fill) and writes 0 + x where it would add x, the same bits, with no
-// pass of the fill and no read of its zeros. Any other GPU work first launches the fills still waiting
-// (launch_deferred_fills: from LAUNCH, before a product, a copy), so it reads what it would have read.
-struct ZeroFill {
+// pass of the fill and no read of its zeros. Likewise the FFN's output bias (defer_bias_add): the residual
+// connection, the one op that reads the FFN's output, takes it (took_bias_add) and adds it as it reads the
+// product, the same bits as a pass of its own (read and written: 32 MiB an FFN of the base step) and one
+// launch fewer. Any other GPU work first launches the passes still waiting (launch_deferred_fills: from
+// LAUNCH, before a product, a copy), so it reads what it would have read.
+struct DeferredPass {
   float* p;
   size_t n;
+  const float* bias;  // null: a zero fill; else p is (n / cols, cols) and gets the bias added to each row
+  int cols;
 };
-static std::vector<ZeroFill>& deferred_fills() {
-  static std::vector<ZeroFill> v;
+static std::vector<DeferredPass>& deferred_fills() {
+  static std::vector<DeferredPass> v;
   return v;
 }
 void defer_zero_fill(float* p, size_t n) {
-  if (n) deferred_fills().push_back({p, n});
+  if (n) deferred_fills().push_back({p, n, nullptr, 0});
 }
-static bool took_zero_fill(const float* p, size_t n) {
-  std::vector<ZeroFill>& v = deferred_fills();
-  const auto it = std::find_if(v.begin(), v.end(), [&](const ZeroFill& f) { return f.p == p && f.n == n; });
+static void defer_bias_add(float* p, const float* bias, int rows, int cols) {
+  if (rows > 0 && cols > 0) deferred_fills().push_back({p, (size_t)rows * cols, bias, cols});
+}
+// The pass waiting over exactly the n floats at p, a zero fill or (add) a bias addition, taken off the list
+static bool took_deferred(const float* p, size_t n, bool add, DeferredPass* taken) {
+  std::vector<DeferredPass>& v = deferred_fills();
+  const auto it = std::find_if(v.begin(), v.end(), [&](const DeferredPass& f) { return f.p == p && f.n == n && (f.bias != nullptr) == add; });
   if (it == v.end()) return false;
+  *taken = *it;
   v.erase(it);
   return true;
 }
+static bool took_zero_fill(const float* p, size_t n) {
+  DeferredPass f;
+  return took_deferred(p, n, false, &f);
+}
+// The bias waiting to be added to each row of the n floats at p, taken off the list (*cols: its length); else null
+static const float* took_bias_add(const float* p, size_t n, int* cols) {
+  DeferredPass f;
+  if (!took_deferred(p, n, true, &f)) return nullptr;
+  *cols = f.cols;
+  return f.bias;
+}
+static void add_bias(float* out, const float* b, size_t M, int O);
 void launch_deferred_fills() {
-  std::vector<ZeroFill> v;
-  v.swap(deferred_fills());  // emptied first: the fills' own launches find none waiting
-  for (const ZeroFill& f : v) fill(f.p, 0, f.n);
+  std::vector<DeferredPass> v;
+  v.swap(deferred_fills());  // emptied first: the passes' own launches find none waiting
+  for (const DeferredPass& f : v)
+    if (f.bias) add_bias(f.p, f.bias, f.n / f.cols, f.cols);
+    else fill(f.p, 0, f.n);
 }
 void drop_deferred_fills() { deferred_fills().clear(); }
 
@@ -2326,7 +2350,7 @@ static Operand operand(const float* p, size_t extent, Slot slot) {
   return {p, s};
 }
 // Where a pass of ours rounds a product's operand of n elements on its way: the slot's scratch in bf16, else null.
-static bf16* rounded_in_pass(size_t n, Slot slot = kLeft) { return products() == Precision::bf16 && n ? bf16_scratch(slot, n) : nullptr; }
+static bf16* rounded_in_pass(size_t n, Slot slot) { return products() == Precision::bf16 && n ? bf16_scratch(slot, n) : nullptr; }
 static size_t extent(int rows, int cols, int ld) { return rows == 0 || cols == 0 ? 0 : (size_t)(rows - 1) * ld + cols; }
 
 // ---- matrix products: cuBLAS is column-major, so C^T = op(B)^T op(A)^T is computed ------------------
@@ -2421,6 +2445,7 @@ __global__ void add_bias_kernel(float* out, const float* b, size_t M, int O) {
   const float bias = b[c];
   for (size_t r = blockIdx.y; r < M; r += gridDim.y) out[r * O + c] += bias;
 }
+static void add_bias(float* out, const float* b, size_t M, int O) { LAUNCH(add_bias_kernel, columns_grid(M, O, 1), 256, 0, out, b, M, O); }
 // A device vector of at least n ones, grown when a longer one is needed (cudaFree waits for the work
 // that still reads the old one): a sum over rows is the product ones^T @ X, which cuBLAS spreads over
 // the whole GPU.
@@ -2439,7 +2464,7 @@ static const float* ones(size_t n) {
 // out = in @ w + b (b may be null), the input as the product reads it
 static void linear_forward(float* out, Operand in, const float* w, const float* b, int M, int I, int O) {
   project(out, in, w, M, I, O);
-  if (b) LAUNCH(add_bias_kernel, columns_grid(M, O, 1), 256, 0, out, b, M, O);
+  if (b) add_bias(out, b, M, O);
 }
 void linear_forward(float* out, const float* in, const float* w, const float* b, int M, int I, int O) {
   linear_forward(out, operand(in, (size_t)M * I, kLeft), w, b, M, I, O);
@@ -3285,9 +3310,9 @@ void multihead_attention_backward(float* dxq, float* dxkv, const AttentionWeight
 // Both passes give a thread one column (columns_grid) and take kFfnRowsAtOnce rows at a time, all their
 // loads issued before any is used: with one element a thread, a pass waited a load's latency per element
 // (the backward two: the mask's, then dh's) and found the column as i % F, a 64-bit remainder; the two
-// moved 1.5-1.8 TB/s on the H100, where a copy moves 3.0 (2026-11-27). In bf16 each reads its fp32 input
-// from the product no more (64 MiB an FFN of the base step, each way, and as much less written by cuBLAS):
-// not timed on a GPU yet.
+// moved 1.5-1.8 TB/s on the H100, where a copy moves 3.0 (2026-11-27). In bf16 each reads 32 MiB of bf16
+// where it read 64 of fp32, and cuBLAS writes 32 MiB less (64 MiB an FFN of the base step, each way): not
+// timed on a GPU yet.
 constexpr int kFfnRowsAtOnce = 4;
 __global__ void bias_relu_dropout_kernel(float* h, bf16* h16, const float* hpre, const float* b, DropoutKey drop, size_t M, int F,
                                          float scale) {
@@ -3352,7 +3377,8 @@ void ffn_forward(float* out, const FfnActs<float>& a, const float* in, const Ffn
   else gemm(false, false, M, F, D, in, D, w.w1, F, a.hpre, F, false);
   LAUNCH(bias_relu_dropout_kernel, columns_grid(M, F, kFfnRowsAtOnce), 256, 0, alone ? nullptr : a.h, h16, h16 ? nullptr : a.hpre, w.b1,
          relu_drop, (size_t)M, F, (float)dropout_scale(relu_drop));
-  linear_forward(out, Operand{a.h, h16}, w.w2, w.b2, M, F, D);
+  project(out, Operand{a.h, h16}, w.w2, M, F, D);
+  defer_bias_add(out, w.b2, M, D);  // + b2: the residual connection's pass adds it (took_bias_add), or a pass of its own
 }
 
 void ffn_backward(float* din, const FfnWeights<float>& dw, float* dh, const float* dout, const FfnActs<float>& a,
@@ -3360,6 +3386,7 @@ void ffn_backward(float* din, const FfnWeights<float>& dw, float* dh, const floa
   const size_t n = (size_t)M * F;
   const bool add_din = !took_zero_fill(din, (size_t)M * D);  // else written
   bf16* dh16 = rounded_in_pass(n, kHidden);  // in bf16 all that is written of dh
+  if (!dh16 && !dh) throw std::logic_error("ffn_backward: an fp32 or TF32 backward with no fp32 dh (the arena carved for bf16)");
   linear_backward(dh16 ? Result(dh16) : Result(dh), false, dw.w2, dw.b2, operand(dout, (size_t)M * D, kLeft), a.h, w.w2, M, F, D);
   float* dh32 = dh16 ? nullptr : dh;  // fp32 in and out, or nothing in bf16
   LAUNCH(relu_backward_kernel, columns_grid(M, F, kBiasGradRows), 256, 0, dh32, dh16, dw.b1, a.h, bf16_twin_of(a.h, n), (size_t)M, F,
@@ -3458,26 +3485,29 @@ void layernorm_backward(float* din, float* dg, float* db, const float* dout, con
          din, dg, db, dout, in, g, mean, rstd, M, D, add);
 }
 
-// x + Dropout(y) of element i: the sub-layer's output dropped and added to its input [§3.1, §5.4]
-__device__ float residual_dropout(const float* x, const float* y, DropoutKey drop, float scale, size_t i) {
-  return x[i] + (drop.p == 0 || dropout_keeps(drop, i) ? y[i] * scale : 0.f);
+// x + Dropout(y) of element i: the sub-layer's output dropped and added to its input [§3.1, §5.4]; y_bias: the
+// sub-layer's output bias still to be added to y (took_bias_add; its entry yb here), else 0
+__device__ float residual_dropout(const float* x, const float* y, float yb, DropoutKey drop, float scale, size_t i) {
+  return x[i] + (drop.p == 0 || dropout_keeps(drop, i) ? (y[i] + yb) * scale : 0.f);
 }
-__global__ void residual_dropout_kernel(float* out, const float* x, const float* y, DropoutKey drop, float scale, size_t n) {
+// y_bias: null, or a bias of D entries to add to each row of y
+__global__ void residual_dropout_kernel(float* out, const float* x, const float* y, const float* y_bias, int D, DropoutKey drop,
+                                        float scale, size_t n) {
   drop = at_step(drop);
-  GRID_STRIDE(i, n) out[i] = residual_dropout(x, y, drop, scale, i);
+  GRID_STRIDE(i, n) out[i] = residual_dropout(x, y, y_bias ? y_bias[i % D] : 0.f, drop, scale, i);
 }
 // One warp per row: the residual sum with its dropout, then LayerNorm of the sum, in one pass (the sum
 // is kept: the backward reads it). LayerNorm's arithmetic is layernorm_forward_kernel's. out16: out's
 // bf16 twin, or null.
 __global__ void residual_dropout_layernorm_kernel(float* out, bf16* out16, float* sum, float* mean, float* rstd, const float* x,
-                                                  const float* y, DropoutKey drop, float scale, const float* g, const float* b, int M,
-                                                  int D, float eps) {
+                                                  const float* y, const float* y_bias, DropoutKey drop, float scale, const float* g,
+                                                  const float* b, int M, int D, float eps) {
   drop = at_step(drop);
   const int r = warp_row(), lane = threadIdx.x % 32;
   if (r >= M) return;
   const size_t row = (size_t)r * D;
   float s = 0;
-  for (int d = lane; d < D; d += 32) s += sum[row + d] = residual_dropout(x, y, drop, scale, row + d);
+  for (int d = lane; d < D; d += 32) s += sum[row + d] = residual_dropout(x, y, y_bias ? y_bias[d] : 0.f, drop, scale, row + d);
   const float mu = warp_sum(s) / D;
   float v = 0;
   for (int d = lane; d < D; d += 32) v += (sum[row + d] - mu) * (sum[row + d] - mu);  // this lane's own writes
@@ -3513,13 +3543,19 @@ __global__ void residual_dropout_layernorm_backward_kernel(float* dx, float* dy,
   });
 }
 void residual_dropout_forward(float* out, const float* x, const float* y, DropoutKey drop, size_t n) {
-  if (n) LAUNCH(residual_dropout_kernel, blocks_for(n), 256, 0, out, x, y, drop, (float)dropout_scale(drop), n);
+  if (n == 0) return;
+  int D = 1;
+  const float* y_bias = took_bias_add(y, n, &D);
+  LAUNCH(residual_dropout_kernel, blocks_for(n), 256, 0, out, x, y, y_bias, D, drop, (float)dropout_scale(drop), n);
 }
 void residual_dropout_layernorm_forward(float* out, float* sum, float* mean, float* rstd, const float* x, const float* y,
                                         DropoutKey drop, const float* g, const float* b, int M, int D, double eps) {
   if (M == 0) return;
+  int cols = 0;
+  const float* y_bias = took_bias_add(y, (size_t)M * D, &cols);
+  if (y_bias && cols != D) throw std::logic_error("residual_dropout_layernorm_forward: the sub-layer's bias is not a row of D");
   LAUNCH(residual_dropout_layernorm_kernel, warp_row_blocks(M), kWarpRowThreads, 0, out, bf16_twin_of(out, (size_t)M * D), sum, mean,
-         rstd, x, y, drop, (float)dropout_scale(drop), g, b, M, D, (float)eps);
+         rstd, x, y, y_bias, drop, (float)dropout_scale(drop), g, b, M, D, (float)eps);
 }
 void residual_dropout_backward(float* dx, float* dy, const float* dout, DropoutKey drop, size_t n) {
   if (n == 0) return;

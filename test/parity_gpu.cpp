@@ -639,6 +639,47 @@ int main() {
     });
     deferral("layernorm_backward", {{&dx, n}}, {&dx, &dg, &db}, 0,
              [&] { gpu::layernorm_backward(dx.d, dg.d, db.d, dout.d, in.d, g.d, mean.d, rstd.d, M, D); });
+    // The FFN's output bias deferred (its second product's, defer_bias_add): the residual connection, post-LN
+    // and pre-LN, adds it as it reads the FFN's output, with (emulated GPU) no pass of its own; the same bits
+    // as the FFN's output read back first, which launches the bias's pass, then the residual op.
+    {
+      Buf w1(rz.vec((size_t)D * F)), b1(rz.vec(F)), w2(rz.vec((size_t)F * D)), b2(rz.vec(D)), hpre(zeros((size_t)M * F)),
+          h(zeros((size_t)M * F)), y(zeros(n)), out(zeros(n)), sum(zeros(n)), mu(zeros(M)), rs(zeros(M));
+      const FfnWeights<float> w{w1.d, b1.d, w2.d, b2.d};
+      for (int pre_ln = 0; pre_ln < 2; ++pre_ln) {
+        std::vector<float> runs[2];
+        [[maybe_unused]] size_t passes[2] = {};  // add_bias_kernel's launches, counted on the emulated GPU
+        for (int taken = 0; taken < 2; ++taken) {
+#ifdef TRANSFORMER_EMULATED_GPU
+          emu::reset_counts();
+#endif
+          gpu::ffn_forward(y.d, FfnActs<float>{hpre.d, h.d}, in.d, w, drop, M, D, F);
+          if (!taken) runs[0] = y.get();  // y with its bias: the download launches the pass still waiting
+          if (pre_ln) gpu::residual_dropout_forward(out.d, in.d, y.d, drop, n);
+          else gpu::residual_dropout_layernorm_forward(out.d, sum.d, mu.d, rs.d, in.d, y.d, drop, g.d, db.d, M, D, 1e-6);
+#ifdef TRANSFORMER_EMULATED_GPU
+          const auto& launches = emu::counts().launches;
+          passes[taken] = launches.count("add_bias_kernel") ? launches.at("add_bias_kernel") : 0;
+#endif
+          for (const Buf* b : {&out, &sum, &mu, &rs}) {
+            const std::vector<float> v = b->get();
+            runs[taken].insert(runs[taken].end(), v.begin(), v.end());
+          }
+        }
+        runs[0].erase(runs[0].begin(), runs[0].begin() + n);  // (y itself: the taken run leaves it without the bias)
+        size_t differ = 0;
+        ck.expect(runs[0].size() == runs[1].size(), "deferred bias: the two runs read back %zu and %zu floats", runs[0].size(), runs[1].size());
+        for (size_t i = 0; i < std::min(runs[0].size(), runs[1].size()); ++i) differ += std::memcmp(&runs[0][i], &runs[1][i], sizeof(float)) != 0;
+        const std::string what = std::string("deferred bias: ffn_forward, ") + (pre_ln ? "residual_dropout_forward" : "residual_dropout_layernorm_forward");
+        std::printf("  %-44s %zu of %zu outputs differ in their bits; bias passes %zu taken, %zu not (want 0, 1)\n", what.c_str(), differ,
+                    runs[1].size(), passes[1], passes[0]);
+        ck.expect(differ == 0, "%s: %zu of %zu outputs differ from the bias added by its own pass", what.c_str(), differ, runs[1].size());
+#ifdef TRANSFORMER_EMULATED_GPU
+        ck.expect(passes[1] == 0 && passes[0] == 1, "%s: %zu bias passes where taken (want 0), %zu where not (want 1)", what.c_str(),
+                  passes[1], passes[0]);
+#endif
+      }
+    }
     {  // dropped (a backward that throws): nothing filled, and nothing left for the op after to take
       Buf din(dx.h);
       cpu::dropout_backward(din.h.data(), dout.h.data(), drop, n);
