@@ -2362,7 +2362,8 @@ struct Batch {
 };
 // Where a product's result goes: its fp32 elements, or only their bf16 rounding (h), for a result that only a
 // pass of ours reads, as bf16 (the FFN's hidden units, forward and backward): cuBLAS's epilogue rounds each
-// element once, from its fp32 sum, and writes half the bytes, which that pass reads back.
+// element from its fp32 sum (a split K's partial sums, if cuBLAS chooses one, maybe too) and writes half the
+// bytes, which that pass reads back.
 struct Result {
   float* f = nullptr;
   bf16* h = nullptr;
