@@ -2165,7 +2165,7 @@ void defer_zero_fill(float* p, size_t n) {
   if (n) deferred_fills().push_back({p, n, nullptr, 0});
 }
 static void defer_bias_add(float* p, const float* bias, int rows, int cols) {
-  if (rows > 0 && cols > 0) deferred_fills().push_back({p, (size_t)rows * cols, bias, cols});
+  if (bias && rows > 0 && cols > 0) deferred_fills().push_back({p, (size_t)rows * cols, bias, cols});  // (no bias: nothing to add)
 }
 // The pass waiting over exactly the n floats at p, a zero fill or (add) a bias addition, taken off the list
 static bool took_deferred(const float* p, size_t n, bool add, DeferredPass* taken) {
@@ -3387,7 +3387,7 @@ void ffn_backward(float* din, const FfnWeights<float>& dw, float* dh, const floa
   const size_t n = (size_t)M * F;
   const bool add_din = !took_zero_fill(din, (size_t)M * D);  // else written
   bf16* dh16 = rounded_in_pass(n, kHidden);  // in bf16 all that is written of dh
-  if (!dh16 && !dh) throw std::logic_error("ffn_backward: an fp32 or TF32 backward with no fp32 dh (the arena carved for bf16)");
+  if (n && !dh16 && !dh) throw std::logic_error("ffn_backward: an fp32 or TF32 backward with no fp32 dh (the arena carved for bf16)");
   linear_backward(dh16 ? Result(dh16) : Result(dh), false, dw.w2, dw.b2, operand(dout, (size_t)M * D, kLeft), a.h, w.w2, M, F, D);
   float* dh32 = dh16 ? nullptr : dh;  // fp32 in and out, or nothing in bf16
   LAUNCH(relu_backward_kernel, columns_grid(M, F, kBiasGradRows), 256, 0, dh32, dh16, dw.b1, a.h, bf16_twin_of(a.h, n), (size_t)M, F,
@@ -3486,16 +3486,16 @@ void layernorm_backward(float* din, float* dg, float* db, const float* dout, con
          din, dg, db, dout, in, g, mean, rstd, M, D, add);
 }
 
-// x + Dropout(y) of element i: the sub-layer's output dropped and added to its input [§3.1, §5.4]; y_bias: the
-// sub-layer's output bias still to be added to y (took_bias_add; its entry yb here), else 0
-__device__ float residual_dropout(const float* x, const float* y, float yb, DropoutKey drop, float scale, size_t i) {
-  return x[i] + (drop.p == 0 || dropout_keeps(drop, i) ? (y[i] + yb) * scale : 0.f);
+// x + Dropout(y) of element i: the sub-layer's output dropped and added to its input [§3.1, §5.4]; yb: the
+// entry of the sub-layer's output bias still to be added to y (took_bias_add), or null
+__device__ float residual_dropout(const float* x, const float* y, const float* yb, DropoutKey drop, float scale, size_t i) {
+  return x[i] + (drop.p == 0 || dropout_keeps(drop, i) ? (yb ? y[i] + *yb : y[i]) * scale : 0.f);
 }
 // y_bias: null, or a bias of D entries to add to each row of y
 __global__ void residual_dropout_kernel(float* out, const float* x, const float* y, const float* y_bias, int D, DropoutKey drop,
                                         float scale, size_t n) {
   drop = at_step(drop);
-  GRID_STRIDE(i, n) out[i] = residual_dropout(x, y, y_bias ? y_bias[i % D] : 0.f, drop, scale, i);
+  GRID_STRIDE(i, n) out[i] = residual_dropout(x, y, y_bias ? y_bias + i % D : nullptr, drop, scale, i);
 }
 // One warp per row: the residual sum with its dropout, then LayerNorm of the sum, in one pass (the sum
 // is kept: the backward reads it). LayerNorm's arithmetic is layernorm_forward_kernel's. out16: out's
@@ -3508,7 +3508,7 @@ __global__ void residual_dropout_layernorm_kernel(float* out, bf16* out16, float
   if (r >= M) return;
   const size_t row = (size_t)r * D;
   float s = 0;
-  for (int d = lane; d < D; d += 32) s += sum[row + d] = residual_dropout(x, y, y_bias ? y_bias[d] : 0.f, drop, scale, row + d);
+  for (int d = lane; d < D; d += 32) s += sum[row + d] = residual_dropout(x, y, y_bias ? y_bias + d : nullptr, drop, scale, row + d);
   const float mu = warp_sum(s) / D;
   float v = 0;
   for (int d = lane; d < D; d += 32) v += (sum[row + d] - mu) * (sum[row + d] - mu);  // this lane's own writes

@@ -39,7 +39,7 @@ mutants=(
   "an attention forward that writes ctx's twin only beside ctx (the twin listed alone in a training step left stale)|if (ctx16) ctx16[at] = __float2bfloat16(c);|if (ctx16 && ctx) ctx16[at] = __float2bfloat16(c);"
   "a launch past the 48 KiB of shared memory without raising the kernel's limit (the one-key-tile attention backward at Dk 100)|dynamic_shared_bytes(kernel, one_key_tile_shared_bytes(D / H))|one_key_tile_shared_bytes(D / H)"
   "a deferred zero fill taken by an op that writes less than all of it (the range's start matched, not its length)|f.p == p && f.n == n && (f.bias|f.p == p && (f.bias"
-  "a residual connection that takes the FFN's deferred output bias and drops it (post-LN)|residual_dropout(x, y, y_bias ? y_bias[d] : 0.f, drop|residual_dropout(x, y, 0.f, drop"
+  "a residual connection that takes the FFN's deferred output bias and drops it (post-LN)|residual_dropout(x, y, y_bias ? y_bias + d : nullptr, drop|residual_dropout(x, y, nullptr, drop"
   "an op that takes a deferred zero fill and still adds into the buffer (the residual's backward, dy)|dy[i] = (add_dy ? dy[i] : 0.f) +|dy[i] = dy[i] +"
   "b1's gradient stored by each block of the FFN's gate pass, not added (a lost update)|atomicAdd(&db[c], sum);|db[c] = sum;"
   "a tile's asynchronous copies not waited for (wait_for_copies: the tiles read while their copies may still be in flight)|  __pipeline_commit();\n  __pipeline_wait_prior(0);\n|  __pipeline_commit();\n"

@@ -657,14 +657,14 @@ int main() {
           if (!taken) runs[0] = y.get();  // y with its bias: the download launches the pass still waiting
           if (pre_ln) gpu::residual_dropout_forward(out.d, in.d, y.d, drop, n);
           else gpu::residual_dropout_layernorm_forward(out.d, sum.d, mu.d, rs.d, in.d, y.d, drop, g.d, db.d, M, D, 1e-6);
-#ifdef TRANSFORMER_EMULATED_GPU
-          const auto& launches = emu::counts().launches;
-          passes[taken] = launches.count("add_bias_kernel") ? launches.at("add_bias_kernel") : 0;
-#endif
           for (const Buf* b : {&out, &sum, &mu, &rs}) {
             const std::vector<float> v = b->get();
             runs[taken].insert(runs[taken].end(), v.begin(), v.end());
           }
+#ifdef TRANSFORMER_EMULATED_GPU  // (after the downloads: a pass left waiting would be launched by them, and counted)
+          const auto& launches = emu::counts().launches;
+          passes[taken] = launches.count("add_bias_kernel") ? launches.at("add_bias_kernel") : 0;
+#endif
         }
         runs[0].erase(runs[0].begin(), runs[0].begin() + n);  // (y itself: the taken run leaves it without the bias)
         size_t differ = 0;
