@@ -3374,8 +3374,8 @@ void ffn_forward(float* out, const FfnActs<float>& a, const float* in, const Ffn
   bf16* h16 = bf16_twin_of(a.h, n, &alone);
   if (!h16) h16 = rounded_in_pass(n, kHidden);
   // hpre = in W1, then + b1, ReLU, dropout; in bf16 hpre's rounding, into h16
-  if (h16) gemm_operands(false, false, M, F, D, operand(in, (size_t)M * D, kLeft), D, operand(w.w1, (size_t)D * F, kRight), F, h16, F, false);
-  else gemm(false, false, M, F, D, in, D, w.w1, F, a.hpre, F, false);
+  gemm_operands(false, false, M, F, D, operand(in, (size_t)M * D, kLeft), D, operand(w.w1, (size_t)D * F, kRight), F,
+                h16 ? Result(h16) : Result(a.hpre), F, false);
   LAUNCH(bias_relu_dropout_kernel, columns_grid(M, F, kFfnRowsAtOnce), 256, 0, alone ? nullptr : a.h, h16, h16 ? nullptr : a.hpre, w.b1,
          relu_drop, (size_t)M, F, (float)dropout_scale(relu_drop));
   project(out, Operand{a.h, h16}, w.w2, M, F, D);
