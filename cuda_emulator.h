@@ -777,14 +777,17 @@ template <typename L> void run_grid(L call, const char* name, dim3 grid, dim3 bl
 }
 
 // kernel<<<grid, block, shared, stream>>>(args...): every block of the grid, one after another; under a
-// capture, the arguments as converted now, as a graph's kernel node keeps them.
+// capture, the arguments as converted now, as a graph's kernel node keeps them. A kernel named in parentheses
+// (a template's arguments with a comma, which a macro's argument must enclose) is named without them.
 template <typename... P, typename... A>
-void launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_t shared, cudaStream_t stream, A&&... args) {
+void launch(const char* kernel_name, void (*kernel)(P...), dim3 grid, dim3 block, size_t shared, cudaStream_t stream, A&&... args) {
   State& s = state();
   if (s.sticky_error != cudaSuccess) return (void)fail(s.sticky_error, s.sticky_detail);
+  std::string name = kernel_name;
+  if (name.size() > 1 && name.front() == '(' && name.back() == ')') name = name.substr(1, name.size() - 2);
   const size_t threads = (size_t)block.x * block.y * block.z;
-  const std::string config = format("kernel %s<<<(%u,%u,%u), (%u,%u,%u), %zu>>>", name, grid.x, grid.y, grid.z, block.x, block.y,
-                                    block.z, shared);
+  const std::string config = format("kernel %s<<<(%u,%u,%u), (%u,%u,%u), %zu>>>", name.c_str(), grid.x, grid.y, grid.z, block.x,
+                                    block.y, block.z, shared);
   if (threads == 0 || threads > kMaxThreads || block.x > 1024 || block.y > 1024 || block.z > 64)
     return (void)fail(cudaErrorInvalidConfiguration, config + ": a block has 1 to 1024 threads");
   if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535)
@@ -796,7 +799,7 @@ void launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_
   if (!may_queue(config.c_str(), stream)) return;
   using Args = std::tuple<std::decay_t<P>...>;
   Launch<void (*)(P...), Args> call{kernel, Args(std::forward<A>(args)...)};  // converted as a launch converts them
-  queue(stream, [call, name, grid, block, shared, config] { run_grid(call, name, grid, block, shared, config); });
+  queue(stream, [call, name, grid, block, shared, config] { run_grid(call, name.c_str(), grid, block, shared, config); });
 }
 
 }  // namespace emu
@@ -1403,13 +1406,14 @@ namespace emu {
 // call, counted once
 inline cublasStatus_t gemm_strided_batched(cublasHandle_t h, const char* call, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
                                            int k, const float* alpha, const void* A, long long stride_a, const void* B,
-                                           long long stride_b, cudaDataType_t type, int lda, int ldb, const float* beta, float* C,
-                                           long long stride_c, int ldc, int batches) {
+                                           long long stride_b, cudaDataType_t type, int lda, int ldb, const float* beta, void* C,
+                                           long long stride_c, int ldc, int batches, bool c_bf16 = false) {
   if (batches < 0) return CUBLAS_STATUS_INVALID_VALUE;
-  const size_t element = type == CUDA_R_16BF ? 2 : 4;
+  const size_t element = type == CUDA_R_16BF ? 2 : 4, c_element = c_bf16 ? 2 : 4;
   for (int i = 0; i < batches; ++i) {
     const cublasStatus_t s = gemm(h, call, ta, tb, m, n, k, alpha, (const char*)A + i * stride_a * element,
-                                  (const char*)B + i * stride_b * element, type, lda, ldb, beta, C + i * stride_c, ldc, i == 0);
+                                  (const char*)B + i * stride_b * element, type, lda, ldb, beta, (char*)C + i * stride_c * c_element, ldc,
+                                  i == 0, c_bf16);
     if (s != CUBLAS_STATUS_SUCCESS) return s;
   }
   return CUBLAS_STATUS_SUCCESS;
@@ -1433,14 +1437,16 @@ inline cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cubla
   return emu::gemm(h, "cublasGemmEx", ta, tb, m, n, k, (const float*)alpha, A, B, a_type, lda, ldb, (const float*)beta, C, ldc, true,
                    c_type == CUDA_R_16BF);
 }
-// cublasGemmStridedBatchedEx likewise: cublasGemmEx's types, `batches` products strided as cublasSgemmStridedBatched's
+// cublasGemmStridedBatchedEx likewise: cublasGemmEx's types (C bf16 too), `batches` products strided as
+// cublasSgemmStridedBatched's
 inline cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
                                                  const void* alpha, const void* A, cudaDataType_t a_type, int lda, long long stride_a,
                                                  const void* B, cudaDataType_t b_type, int ldb, long long stride_b, const void* beta,
                                                  void* C, cudaDataType_t c_type, int ldc, long long stride_c, int batches,
                                                  cublasComputeType_t compute, cublasGemmAlgo_t) {
-  if (a_type != b_type || (a_type != CUDA_R_32F && a_type != CUDA_R_16BF) || c_type != CUDA_R_32F || compute != CUBLAS_COMPUTE_32F)
+  if (a_type != b_type || (a_type != CUDA_R_32F && a_type != CUDA_R_16BF) || (c_type != CUDA_R_32F && c_type != a_type) ||
+      compute != CUBLAS_COMPUTE_32F)
     return CUBLAS_STATUS_NOT_SUPPORTED;
   return emu::gemm_strided_batched(h, "cublasGemmStridedBatchedEx", ta, tb, m, n, k, (const float*)alpha, A, stride_a, B, stride_b,
-                                   a_type, lda, ldb, (const float*)beta, (float*)C, stride_c, ldc, batches);
+                                   a_type, lda, ldb, (const float*)beta, C, stride_c, ldc, batches, c_type == CUDA_R_16BF);
 }

@@ -2323,8 +2323,9 @@ std::vector<float> bf16_copy(const float* p, size_t n) {
 // right operands, an input that several products share (rounded once for all of them), and the attention
 // backward's three gradients, which its kernel rounds as it writes them (read by later products), one after
 // another, and the FFN's hidden units where they have no twin (and their gradient), which a product writes
-// and a pass of ours turns into what the next product reads, in place.
-enum Slot { kLeft, kRight, kShared, kDqkv, kHidden, kSlots };
+// and a pass of ours turns into what the next product reads, in place; and the gradient of attention's
+// context rows, dctx, which a product writes rounded for the attention backward's kernel.
+enum Slot { kLeft, kRight, kShared, kDqkv, kHidden, kDctx, kSlots };
 static bf16* bf16_scratch(Slot slot, size_t n) {
   static bf16* p[kSlots] = {};
   static size_t size[kSlots] = {};
@@ -2361,9 +2362,9 @@ struct Batch {
   long long a = 0, b = 0, c = 0;
 };
 // Where a product's result goes: its fp32 elements, or only their bf16 rounding (h), for a result that only a
-// pass of ours reads, as bf16 (the FFN's hidden units, forward and backward): cuBLAS's epilogue rounds each
-// element from its fp32 sum (a split K's partial sums, if cuBLAS chooses one, maybe too) and writes half the
-// bytes, which that pass reads back.
+// kernel of ours reads, as bf16 (the FFN's hidden units, forward and backward; attention's q, k, v and dctx):
+// cuBLAS's epilogue rounds each element from its fp32 sum (a split K's partial sums, if cuBLAS chooses one,
+// maybe too) and writes half the bytes, which that kernel reads back.
 struct Result {
   float* f = nullptr;
   bf16* h = nullptr;
@@ -2374,8 +2375,7 @@ struct Result {
 static void gemm_operands(bool ta, bool tb, int M, int N, int K, Operand A, int lda, Operand B, int ldb, Result C, int ldc,
                           bool accumulate, Batch batch = {}) {
   if (M == 0 || N == 0) return;
-  if (C.h && (!A.h || !B.h || accumulate || batch.count != 1))
-    throw std::logic_error("a product rounded to bf16 takes bf16 operands, one product, and writes its result");
+  if (C.h && (!A.h || !B.h || accumulate)) throw std::logic_error("a product rounded to bf16 takes bf16 operands and writes its result");
   launch_deferred_fills();  // cuBLAS's kernels are not LAUNCH's
   const float one = 1, beta = accumulate ? 1.f : 0.f;
   const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -2384,8 +2384,8 @@ static void gemm_operands(bool ta, bool tb, int M, int N, int K, Operand A, int 
                               C.h ? (void*)C.h : C.f, C.h ? CUDA_R_16BF : CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   else if (A.h && B.h)
     CUBLAS_CHECK(cublasGemmStridedBatchedEx(blas(), opb, opa, N, M, K, &one, B.h, CUDA_R_16BF, ldb, batch.b, A.h, CUDA_R_16BF, lda,
-                                            batch.a, &beta, C.f, CUDA_R_32F, ldc, batch.c, batch.count, CUBLAS_COMPUTE_32F,
-                                            CUBLAS_GEMM_DEFAULT));
+                                            batch.a, &beta, C.h ? (void*)C.h : C.f, C.h ? CUDA_R_16BF : CUDA_R_32F, ldc, batch.c,
+                                            batch.count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   else if (batch.count == 1)
     CUBLAS_CHECK(cublasSgemm(blas(), opb, opa, N, M, K, &one, B.f, ldb, A.f, lda, &beta, C.f, ldc));
   else
@@ -2398,8 +2398,16 @@ void gemm(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const 
   gemm_operands(ta, tb, M, N, K, operand(A, ta ? extent(K, M, lda) : extent(M, K, lda), kLeft), lda,
                 operand(B, tb ? extent(N, K, ldb) : extent(K, N, ldb), kRight), ldb, C, ldc, accumulate);
 }
+// Where a product writes the n elements at p: only their bf16 twin where a bf16 training step lists one alone
+// (attention's q, k and v, which only the attention kernels read), else p's fp32 elements.
+static Result product_result(float* p, size_t n) {
+  bool alone;
+  bf16* twin = bf16_twin_of(p, n, &alone);
+  if (twin && !alone) throw std::logic_error("a product's output has a bf16 twin beside its fp32 values: cuBLAS writes only one of them");
+  return twin ? Result(twin) : Result(p);
+}
 // out = in @ w for an input already as the products read it (an input several products share)
-static void project(float* out, Operand in, const float* w, int M, int I, int O) {
+static void project(Result out, Operand in, const float* w, int M, int I, int O) {
   gemm_operands(false, false, M, O, I, in, I, operand(w, (size_t)I * O, kRight), O, out, O, false);
 }
 // Its backward: din (+)= dout @ w^T (added, or written when din holds nothing yet: no zeroing launch; a bf16
@@ -2423,8 +2431,9 @@ template <typename T> static ptrdiff_t even_stride(std::initializer_list<const T
 // Whether weights of n elements each lie one right after another (then they are one operand: in bf16 their
 // copy's elements, or rounded at once, with nothing read between them)
 static bool weights_adjacent(std::initializer_list<const float*> w, size_t n) { return even_stride(w, n) == (ptrdiff_t)n; }
-// out_i = in @ w_i for the count adjacent weights w_i = w + i I O (I x O each), out_i = out + i out_stride
-static void project_batched(float* out, ptrdiff_t out_stride, Operand in, const float* w, int count, int M, int I, int O) {
+// out_i = in @ w_i for the count adjacent weights w_i = w + i I O (I x O each), out_i = out + i out_stride (in out's
+// elements: fp32 or bf16)
+static void project_batched(Result out, ptrdiff_t out_stride, Operand in, const float* w, int count, int M, int I, int O) {
   const Operand ws = operand(w, (size_t)count * I * O, kRight);
   gemm_operands(false, false, M, O, I, in, I, ws, O, out, O, false, Batch{count, 0, (long long)I * O, out_stride});
 }
@@ -2627,13 +2636,43 @@ __device__ void copy_head_tile(float* tile, const float* x, int b, int h, int L,
     }
   }
 }
+// The same from bf16 rows (in a bf16 training step q, k, v and dctx: what their products wrote), widened to
+// fp32 in the tile, so that the kernels' arithmetic is the same as from fp32 rows holding those values. An
+// asynchronous copy cannot widen: each thread loads 4 elements of a row (one 8-byte load, where the head's
+// columns are 8-byte aligned: Dk and D multiples of 4), the tile's 32 rows' elements spread over all the
+// block's threads, and stores them widened (one 16-byte store); else a lane takes one element at a time. The
+// tile is written when the thread returns (the wait_for_copies after it has nothing of it to wait for).
+struct alignas(8) Bf16x4 {
+  bf16 e[4];
+};
+__device__ void copy_head_tile(float* tile, const bf16* x, int b, int h, int L, int first, int D, int Dk) {
+  const int ld = attention_ld(Dk);
+  const bf16* head = x + ((size_t)b * L + first) * D + h * Dk;  // row r at head + r D, read only where first + r < L
+  if (Dk % 4 == 0 && D % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 8 == 0) {
+    const int per_row = Dk / 4;
+    for (int e = threadIdx.x; e < kAttentionTile * per_row; e += kAttentionThreads) {
+      const int r = e / per_row, d = 4 * (e - r * per_row);
+      float4 to{};
+      if (first + r < L) {
+        const Bf16x4 in = *reinterpret_cast<const Bf16x4*>(head + (size_t)r * D + d);
+        to = float4{__bfloat162float(in.e[0]), __bfloat162float(in.e[1]), __bfloat162float(in.e[2]), __bfloat162float(in.e[3])};
+      }
+      *reinterpret_cast<float4*>(tile + r * ld + d) = to;
+    }
+    if (ld > Dk && threadIdx.x < kAttentionTile) *reinterpret_cast<float4*>(tile + threadIdx.x * ld + Dk) = float4{};  // 4 columns past Dk
+  } else {
+    for (int r = threadIdx.x / 32; r < kAttentionTile; r += kAttentionWarps)
+      for (int d = threadIdx.x % 32; d < ld; d += 32) tile[r * ld + d] = first + r < L && d < Dk ? __bfloat162float(head[(size_t)r * D + d]) : 0.f;
+  }
+}
 // Until the calling thread's copies (copy_head_tile) are done; the other threads' are seen after a
 // __syncthreads that follows their own wait.
 __device__ void wait_for_copies() {
   __pipeline_commit();
   __pipeline_wait_prior(0);
 }
-__device__ void load_head_tile(float* tile, const float* x, int b, int h, int L, int first, int D, int Dk) {
+template <typename In>  // float, or bf16
+__device__ void load_head_tile(float* tile, const In* x, int b, int h, int L, int first, int D, int Dk) {
   copy_head_tile(tile, x, b, h, L, first, D, Dk);
   wait_for_copies();
 }
@@ -2742,9 +2781,9 @@ __device__ float attention_weight(float* p, size_t at, bool in, float s, float m
 // twice and none goes through global memory.
 // kSlots = ceil(Dk / 32): the head's columns a lane sums (a template argument, so that the sums stay in
 // registers and no lane loops over columns a smaller head does not have).
-template <int kSlots>
+template <int kSlots, typename In>  // In: q, k and v's elements, float or bf16 (copy_head_tile)
 __global__ void __launch_bounds__(kAttentionThreads, 4)  // 4 blocks an SM: at most 64 registers a thread
-    attention_forward_kernel(float* ctx, bf16* ctx16, float* p, const float* q, const float* k, const float* v,
+    attention_forward_kernel(float* ctx, bf16* ctx16, float* p, const In* q, const In* k, const In* v,
                              const uint8_t* key_valid, bool causal, DropoutKey drop, int H, int Lq, int Lk, int D) {
   drop = at_step(drop);
   float acc[kRowsPerWarp][kSlots] = {};  // ctx_i for the warp's rows i and the lane's columns (write_context)
@@ -2842,9 +2881,9 @@ __device__ void tile_rows_dot_rows(float* out, const float* a, const float* b, i
   add_tf32_product<wmma::row_major, wmma::col_major>(st, a + r0 * ld, ld, b + c0 * ld, ld, Dk);
   wmma::store_matrix_sync(out + r0 * kScoreLd + c0, st, kScoreLd, wmma::mem_row_major);
 }
-template <int kTiles>  // a warp's tiles of ctx: ceil(2 (Dk / 16) / 8)
+template <int kTiles, typename In>  // a warp's tiles of ctx: ceil(2 (Dk / 16) / 8); In as attention_forward_kernel's
 __global__ void __launch_bounds__(kAttentionThreads, 4)
-    attention_forward_tensor_core_kernel(float* ctx, bf16* ctx16, float* p, const float* q, const float* k, const float* v,
+    attention_forward_tensor_core_kernel(float* ctx, bf16* ctx16, float* p, const In* q, const In* k, const In* v,
                                          const uint8_t* key_valid, bool causal, DropoutKey drop, int H, int Lq, int Lk, int D) {
   namespace wmma = nvcuda::wmma;
   drop = at_step(drop);
@@ -2947,10 +2986,10 @@ __host__ __device__ constexpr size_t one_key_tile_by_row_at(int Dk) { return 4 *
 constexpr size_t one_key_tile_shared_bytes(int Dk) {
   return (one_key_tile_by_row_at(Dk) + kAttentionWarps * ((size_t)kAttentionTile * kRowsPerWarp + 2 * kByKeyLd)) * sizeof(float);
 }
-template <int kSlots>
+template <int kSlots, typename In>  // In: dctx, q, k and v's elements, float or bf16 (copy_head_tile)
 __global__ void __launch_bounds__(kAttentionThreads, 4)
-    attention_backward_one_key_tile_kernel(float* dq, float* dk, float* dv, bf16* dq16, bf16* dk16, bf16* dv16, const float* dctx,
-                                           const float* p, const float* q, const float* k, const float* v, DropoutKey drop,
+    attention_backward_one_key_tile_kernel(float* dq, float* dk, float* dv, bf16* dq16, bf16* dk16, bf16* dv16, const In* dctx,
+                                           const float* p, const In* q, const In* k, const In* v, DropoutKey drop,
                                            bool add, int H, int Lq, int Lk, int D) {
   drop = at_step(drop);
   const int b = blockIdx.x / H, h = blockIdx.x % H, Dk = D / H, ld = attention_ld(Dk);
@@ -3006,10 +3045,10 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
 constexpr size_t one_key_tile_tensor_core_shared_bytes(int Dk) {
   return (4 * (size_t)kAttentionTile * attention_ld(Dk) + 2 * kAttentionTile * kScoreLd) * sizeof(float);
 }
-template <int kTiles>  // a warp's tiles of dq, dk and dv: ceil(2 (Dk / 16) / 8)
+template <int kTiles, typename In>  // a warp's tiles of dq, dk and dv: ceil(2 (Dk / 16) / 8); In as the kernel above's
 __global__ void __launch_bounds__(kAttentionThreads, kTiles == 1 ? 4 : 3)  // Dk 80 and 96: 3 blocks an SM (their shared memory too)
-    attention_backward_tensor_core_kernel(float* dq, float* dk, float* dv, bf16* dq16, bf16* dk16, bf16* dv16, const float* dctx,
-                                          const float* p, const float* q, const float* k, const float* v, DropoutKey drop, bool add,
+    attention_backward_tensor_core_kernel(float* dq, float* dk, float* dv, bf16* dq16, bf16* dk16, bf16* dv16, const In* dctx,
+                                          const float* p, const In* q, const In* k, const In* v, DropoutKey drop, bool add,
                                           int H, int Lq, int Lk, int D) {
   namespace wmma = nvcuda::wmma;
   drop = at_step(drop);
@@ -3081,10 +3120,10 @@ __global__ void __launch_bounds__(kAttentionThreads, kTiles == 1 ? 4 : 3)  // Dk
 // key at a rounding error instead of 0, which Adam turned into steps of the learning rate's size on parameters
 // whose gradient is otherwise 0: 2 ranks against --accumulate 2 on the emulated GPU moved apart 100 times
 // more, 3.0e-6 after 6 steps instead of 3.5e-8.)
-template <int kSlots>
+template <int kSlots, typename In>  // In as the kernels' above
 __global__ void __launch_bounds__(kAttentionThreads, 4)
-    attention_backward_kernel(float* dq, float* dk, float* dv, bf16* dq16, bf16* dk16, bf16* dv16, const float* dctx, const float* p,
-                              const float* q, const float* k, const float* v, DropoutKey drop, bool add, int H, int Lq, int Lk, int D) {
+    attention_backward_kernel(float* dq, float* dk, float* dv, bf16* dq16, bf16* dk16, bf16* dv16, const In* dctx, const float* p,
+                              const In* q, const In* k, const In* v, DropoutKey drop, bool add, int H, int Lq, int Lk, int D) {
   drop = at_step(drop);
   const int b = blockIdx.x / H, h = blockIdx.x % H, Dk = D / H, ld = attention_ld(Dk);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, query_tiles = (Lq + kAttentionTile - 1) / kAttentionTile;
@@ -3193,78 +3232,108 @@ template <typename F> static void with_head_slots(int D, int H, F launch) {
 // Whether attention's products go to the tensor cores (attention_forward_tensor_core_kernel, and where the keys
 // fit one tile attention_backward_tensor_core_kernel): the products are not fp32, and Dk is a multiple of 16
 static bool attention_on_tensor_cores(int Dk) { return products() != Precision::fp32 && Dk % 16 == 0 && Dk <= kMaxHeadDim; }
+// f(q, k, v) with attention's q, k and v as its kernels read them: their bf16 twins where a bf16 training step
+// lists all three (alone: their projections write only those), else their fp32 elements. (In: the elements'
+// type, the kernels' template argument.)
+template <typename F> static void with_attention_inputs(const float* q, const float* k, const float* v, size_t nq, size_t nk, F f) {
+  const bf16 *q16 = bf16_twin_of(q, nq), *k16 = bf16_twin_of(k, nk), *v16 = bf16_twin_of(v, nk);
+  if (q16 && k16 && v16) return f(q16, k16, v16);
+  if (q16 || k16 || v16) throw std::logic_error("attention: q, k and v have bf16 twins all three or none");
+  f(q, k, v);
+}
+template <typename T> using Elements = std::remove_const_t<std::remove_pointer_t<T>>;  // float or bf16, of a pointer's type
 void attention_forward(float* ctx, float* p, const float* q, const float* k, const float* v, const uint8_t* key_valid,
                        bool causal, DropoutKey drop, int B, int Lq, int Lk, int D, int H) {
   if ((size_t)B * H * Lq == 0) return;
   const dim3 grid(B * H, (Lq + kAttentionTile - 1) / kAttentionTile);
+  const size_t nq = (size_t)B * Lq * D;
   bool alone;
-  bf16* ctx16 = bf16_twin_of(ctx, (size_t)B * Lq * D, &alone);
+  bf16* ctx16 = bf16_twin_of(ctx, nq, &alone);
   const int Dk = D / H;
-  if (attention_on_tensor_cores(Dk)) {
-    const size_t bytes = attention_tensor_core_shared_bytes(Dk);
-    if (Dk <= 64) LAUNCH(attention_forward_tensor_core_kernel<1>, grid, kAttentionThreads, bytes, alone ? nullptr : ctx, ctx16, p, q, k, v,
-                         key_valid, causal, drop, H, Lq, Lk, D);
-    else LAUNCH(attention_forward_tensor_core_kernel<2>, grid, kAttentionThreads, bytes, alone ? nullptr : ctx, ctx16, p, q, k, v, key_valid,
-                causal, drop, H, Lq, Lk, D);
-    return;
-  }
-  with_head_slots(D, H, [&](auto slots) {
-    LAUNCH(attention_forward_kernel<decltype(slots)::value>, grid, kAttentionThreads, attention_shared_bytes(D / H), alone ? nullptr : ctx,
-           ctx16, p, q, k, v, key_valid, causal, drop, H, Lq, Lk, D);
+  with_attention_inputs(q, k, v, nq, (size_t)B * Lk * D, [&](auto q, auto k, auto v) {
+    using In = Elements<decltype(q)>;
+    if (attention_on_tensor_cores(Dk)) {
+      const size_t bytes = attention_tensor_core_shared_bytes(Dk);
+      if (Dk <= 64) LAUNCH((attention_forward_tensor_core_kernel<1, In>), grid, kAttentionThreads, bytes, alone ? nullptr : ctx, ctx16, p, q,
+                           k, v, key_valid, causal, drop, H, Lq, Lk, D);
+      else LAUNCH((attention_forward_tensor_core_kernel<2, In>), grid, kAttentionThreads, bytes, alone ? nullptr : ctx, ctx16, p, q, k, v,
+                  key_valid, causal, drop, H, Lq, Lk, D);
+      return;
+    }
+    with_head_slots(D, H, [&](auto slots) {
+      LAUNCH((attention_forward_kernel<decltype(slots)::value, In>), grid, kAttentionThreads, attention_shared_bytes(D / H),
+             alone ? nullptr : ctx, ctx16, p, q, k, v, key_valid, causal, drop, H, Lq, Lk, D);
+    });
   });
 }
 
 // attention_backward with dq, dk and dv added to (add) or written, and their bf16 roundings written (dq16, dk16, dv16, or
-// null; written in place of dq, dk and dv, not added to, they are all the kernel writes)
-static void attention_backward(float* dq, float* dk, float* dv, bf16* dq16, bf16* dk16, bf16* dv16, bool add, const float* dctx,
-                               const float* p, const float* q, const float* k, const float* v, DropoutKey drop, int B, int Lq, int Lk,
-                               int D, int H) {
+// null; written in place of dq, dk and dv, not added to, they are all the kernel writes); dctx, q, k and v all fp32 or all
+// bf16 (In)
+template <typename In>
+static void attention_backward(float* dq, float* dk, float* dv, bf16* dq16, bf16* dk16, bf16* dv16, bool add, const In* dctx,
+                               const float* p, const In* q, const In* k, const In* v, DropoutKey drop, int B, int Lq, int Lk, int D,
+                               int H) {
   if ((size_t)B * H * (Lq + Lk) == 0) return;
   const int Dk = D / H;
   if (attention_on_tensor_cores(Dk) && Lk <= kAttentionTile) {
     const size_t bytes = one_key_tile_tensor_core_shared_bytes(Dk);
     if (Dk <= 64)
-      LAUNCH(attention_backward_tensor_core_kernel<1>, B * H, kAttentionThreads, dynamic_shared_bytes(attention_backward_tensor_core_kernel<1>, bytes),
-             dq, dk, dv, dq16, dk16, dv16, dctx, p, q, k, v, drop, add, H, Lq, Lk, D);
+      LAUNCH((attention_backward_tensor_core_kernel<1, In>), B * H, kAttentionThreads,
+             dynamic_shared_bytes(attention_backward_tensor_core_kernel<1, In>, bytes), dq, dk, dv, dq16, dk16, dv16, dctx, p, q, k, v, drop,
+             add, H, Lq, Lk, D);
     else
-      LAUNCH(attention_backward_tensor_core_kernel<2>, B * H, kAttentionThreads, dynamic_shared_bytes(attention_backward_tensor_core_kernel<2>, bytes),
-             dq, dk, dv, dq16, dk16, dv16, dctx, p, q, k, v, drop, add, H, Lq, Lk, D);
+      LAUNCH((attention_backward_tensor_core_kernel<2, In>), B * H, kAttentionThreads,
+             dynamic_shared_bytes(attention_backward_tensor_core_kernel<2, In>, bytes), dq, dk, dv, dq16, dk16, dv16, dctx, p, q, k, v, drop,
+             add, H, Lq, Lk, D);
     return;
   }
   with_head_slots(D, H, [&](auto slots) {
     constexpr int kSlots = decltype(slots)::value;
     if (Lk <= kAttentionTile) {
-      const auto kernel = attention_backward_one_key_tile_kernel<kSlots>;
+      const auto kernel = attention_backward_one_key_tile_kernel<kSlots, In>;
       LAUNCH(kernel, B * H, kAttentionThreads, dynamic_shared_bytes(kernel, one_key_tile_shared_bytes(D / H)), dq, dk, dv, dq16, dk16,
              dv16, dctx, p, q, k, v, drop, add, H, Lq, Lk, D);
     } else {
       const dim3 grid(B * H, (Lq + kAttentionTile - 1) / kAttentionTile + (Lk + kAttentionTile - 1) / kAttentionTile);
-      LAUNCH(attention_backward_kernel<kSlots>, grid, kAttentionThreads, attention_shared_bytes(D / H), dq, dk, dv, dq16, dk16, dv16,
-             dctx, p, q, k, v, drop, add, H, Lq, Lk, D);
+      LAUNCH((attention_backward_kernel<kSlots, In>), grid, kAttentionThreads, attention_shared_bytes(D / H), dq, dk, dv, dq16, dk16,
+             dv16, dctx, p, q, k, v, drop, add, H, Lq, Lk, D);
     }
   });
 }
+// (dctx read as q, k and v are: in bf16 its twin where an op's caller lists one, else rounded on its way in)
 void attention_backward(float* dq, float* dk, float* dv, const float* dctx, const float* p, const float* q, const float* k,
                         const float* v, DropoutKey drop, int B, int Lq, int Lk, int D, int H) {
-  attention_backward(dq, dk, dv, nullptr, nullptr, nullptr, true, dctx, p, q, k, v, drop, B, Lq, Lk, D, H);
+  const size_t nq = (size_t)B * Lq * D;
+  with_attention_inputs(q, k, v, nq, (size_t)B * Lk * D, [&](auto q, auto k, auto v) {
+    decltype(q) dc;
+    if constexpr (std::is_same_v<Elements<decltype(q)>, bf16>) dc = operand(dctx, nq, kDctx).h;
+    else dc = dctx;
+    attention_backward(dq, dk, dv, nullptr, nullptr, nullptr, true, dc, p, q, k, v, drop, B, Lq, Lk, D, H);
+  });
 }
 
 void multihead_attention_forward(float* out, const AttentionActs<float>& a, const float* xq, const float* xkv,
                                  const AttentionWeights<float>& w, const uint8_t* key_valid, bool causal, DropoutKey drop,
                                  int B, int Lq, int Lk, int D, int H) {
-  // [§3.2.2] Q = xq Wq, K = xkv Wk, V = xkv Wv; Concat(heads) W^O. In bf16 each input is rounded once. The
-  // projections of one input are one product where their weights and outputs lie evenly apart (the model's
-  // do; an op's caller may pass any buffers): Q, K and V in self-attention, K and V in the decoder's second.
+  // [§3.2.2] Q = xq Wq, K = xkv Wk, V = xkv Wv; Concat(heads) W^O. In bf16 each input is rounded once, and in
+  // a training step the projections write Q, K and V rounded alone, into their twins (product_result): the
+  // attention kernels read nothing else of them. The projections of one input are one product where their
+  // weights and outputs lie evenly apart (the model's do; an op's caller may pass any buffers): Q, K and V in
+  // self-attention, K and V in the decoder's second.
   const size_t nq = (size_t)B * Lq * D, nk = (size_t)B * Lk * D, dd = (size_t)D * D;
   const Operand q_in = operand(xq, nq, kShared);
   const Operand kv_in = xkv == xq ? q_in : operand(xkv, nk, kLeft);
-  const ptrdiff_t qkv_at = even_stride({a.q, a.k, a.v}, nq), kv_at = even_stride({a.k, a.v}, nk);
+  const Result rq = product_result(a.q, nq), rk = product_result(a.k, nk), rv = product_result(a.v, nk);
+  const bool kv16 = rk.h && rv.h, qkv16 = rq.h && kv16;  // (an op's caller may list some twins and not others)
+  const ptrdiff_t qkv_at = qkv16 ? even_stride<bf16>({rq.h, rk.h, rv.h}, nq) : even_stride<float>({rq.f, rk.f, rv.f}, nq);
+  const ptrdiff_t kv_at = kv16 ? even_stride<bf16>({rk.h, rv.h}, nk) : even_stride<float>({rk.f, rv.f}, nk);
   if (xkv == xq && Lq == Lk && qkv_at && weights_adjacent({w.wq, w.wk, w.wv}, dd)) {
-    project_batched(a.q, qkv_at, q_in, w.wq, 3, B * Lq, D, D);
+    project_batched(rq, qkv_at, q_in, w.wq, 3, B * Lq, D, D);
   } else {
-    project(a.q, q_in, w.wq, B * Lq, D, D);
-    if (kv_at && weights_adjacent({w.wk, w.wv}, dd)) project_batched(a.k, kv_at, kv_in, w.wk, 2, B * Lk, D, D);
-    else project(a.k, kv_in, w.wk, B * Lk, D, D), project(a.v, kv_in, w.wv, B * Lk, D, D);
+    project(rq, q_in, w.wq, B * Lq, D, D);
+    if (kv_at && weights_adjacent({w.wk, w.wv}, dd)) project_batched(rk, kv_at, kv_in, w.wk, 2, B * Lk, D, D);
+    else project(rk, kv_in, w.wk, B * Lk, D, D), project(rv, kv_in, w.wv, B * Lk, D, D);
   }
   attention_forward(a.ctx, a.p, a.q, a.k, a.v, key_valid, causal, drop, B, Lq, Lk, D, H);
   linear_forward(out, a.ctx, w.wo, nullptr, B * Lq, D, D);
@@ -3275,16 +3344,23 @@ void multihead_attention_backward(float* dxq, float* dxkv, const AttentionWeight
                                   const float* xkv, const AttentionWeights<float>& w, DropoutKey drop, int B, int Lq, int Lk,
                                   int D, int H) {
   // the forward call list, in reverse; s holds scratch for dq, dk, dv, dctx, each written (not added); in
-  // bf16 the attention's kernel writes dq, dk and dv rounded, and not their fp32 values (the products read
-  // only the roundings), dq's then dk's then dv's in one scratch. dxkv (and dxq, if another buffer) taken
+  // a bf16 training step the product writes dctx rounded, for the attention's kernel, as it reads q, k and v;
+  // in bf16 that kernel writes dq, dk and dv rounded, and not their fp32 values (the products read only the
+  // roundings), dq's then dk's then dv's in one scratch. dxkv (and dxq, if another buffer) taken
   // zeroed is written by its first product. The weights' gradients of the projections of one input are one
   // product where the forward's were.
   const size_t nq = (size_t)B * Lq * D, nk = (size_t)B * Lk * D, dd = (size_t)D * D;
   const bool add_kv = !took_zero_fill(dxkv, nk), add_q = dxq == dxkv || !took_zero_fill(dxq, nq);
-  linear_backward(s.ctx, false, dw.wo, nullptr, operand(dout, nq, kLeft), a.ctx, w.wo, B * Lq, D, D);
   bf16* d16 = rounded_in_pass(nq + 2 * nk, kDqkv);
   bf16 *dq16 = d16, *dk16 = d16 ? d16 + nq : nullptr, *dv16 = d16 ? d16 + nq + nk : nullptr;
-  attention_backward(s.q, s.k, s.v, dq16, dk16, dv16, false, s.ctx, a.p, a.q, a.k, a.v, drop, B, Lq, Lk, D, H);
+  with_attention_inputs(a.q, a.k, a.v, nq, nk, [&](auto q, auto k, auto v) {
+    using In = Elements<decltype(q)>;  // dctx as the kernels read q, k and v: in bf16 W^O's product writes it rounded alone
+    In* dctx;
+    if constexpr (std::is_same_v<In, bf16>) dctx = rounded_in_pass(nq, kDctx);
+    else dctx = s.ctx;
+    linear_backward(Result(dctx), false, dw.wo, nullptr, operand(dout, nq, kLeft), a.ctx, w.wo, B * Lq, D, D);
+    attention_backward(s.q, s.k, s.v, dq16, dk16, dv16, false, (const In*)dctx, a.p, q, k, v, drop, B, Lq, Lk, D, H);
+  });
   // the products read d16 where it is written, else s's fp32 values: their strides
   const ptrdiff_t d_qkv_at = d16 ? even_stride<bf16>({dq16, dk16, dv16}, nq) : even_stride<float>({s.q, s.k, s.v}, nq);
   const ptrdiff_t d_kv_at = d16 ? even_stride<bf16>({dk16, dv16}, nk) : even_stride<float>({s.k, s.v}, nk);
@@ -4082,13 +4158,17 @@ class GpuModel : public DeviceModel {
       const auto connection = [&](const SublayerActs<float>& a, size_t M) {
         if (!c.pre_ln) twin_list.push_back({a.out, M * D});
       };
+      const auto attention = [&](const AttentionActs<float>& a, size_t Mq, size_t Mk) {  // q, k, v evenly apart where Mq = Mk
+        twin_list.push_back({a.q, Mq * D, true}), twin_list.push_back({a.k, Mk * D, true}), twin_list.push_back({a.v, Mk * D, true});
+        twin_list.push_back({a.ctx, Mq * D, true});
+      };
       twin_list.push_back({acts.enc.x0, Ms * D}), twin_list.push_back({acts.dec.x0, Mt * D});
       for (const EncoderLayerActs<float>& l : acts.enc_layers) {
-        twin_list.push_back({l.self.ctx, Ms * D, true}), twin_list.push_back({l.ffn.h, Ms * F, true});
+        attention(l.self, Ms, Ms), twin_list.push_back({l.ffn.h, Ms * F, true});
         connection(l.self_sub, Ms), connection(l.ffn_sub, Ms);
       }
       for (const DecoderLayerActs<float>& l : acts.dec_layers) {
-        twin_list.push_back({l.self.ctx, Mt * D, true}), twin_list.push_back({l.cross.ctx, Mt * D, true});
+        attention(l.self, Mt, Mt), attention(l.cross, Mt, Ms);
         twin_list.push_back({l.ffn.h, Mt * F, true});
         connection(l.self_sub, Mt), connection(l.cross_sub, Mt), connection(l.ffn_sub, Mt);
       }

@@ -757,6 +757,31 @@ int main() {
                     CUBLAS_STATUS_EXECUTION_FAILED,
                 "cublasGemmStridedBatchedEx: a fourth product past B's and C's allocations fails");
       cudaDeviceReset();
+      // C in bf16 (beta 0: not read), strided in its own 2-byte elements: each product's element the rounding of its sum
+      dA = device<__nv_bfloat16>(A.size()), dBs = device<__nv_bfloat16>(bs16.size());
+      cudaMemcpy(dA, a16.data(), A.size() * 2, cudaMemcpyHostToDevice);
+      cudaMemcpy(dBs, bs16.data(), bs16.size() * 2, cudaMemcpyHostToDevice);
+      __nv_bfloat16* dCs16 = device<__nv_bfloat16>(Cs.size());  // NaN bytes: a read of C would show
+      const float zero = 0;
+      ck.expect(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, dA, CUDA_R_16BF, lda, 0, dBs, CUDA_R_16BF, ldb, sb,
+                                           &zero, dCs16, CUDA_R_16BF, ldc, sc, batches, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) ==
+                    CUBLAS_STATUS_SUCCESS,
+                "cublasGemmStridedBatchedEx bf16 C: success (strides in 2-byte elements: in 4-byte ones the last product would leave C)");
+      std::vector<__nv_bfloat16> got16(Cs.size());
+      cudaMemcpy(got16.data(), dCs16, got16.size() * 2, cudaMemcpyDeviceToHost);
+      for (int b = 0; b < batches; ++b) {
+        const std::vector<float> Bb(Bs.begin() + b * sb, Bs.begin() + b * sb + B.size());
+        const std::vector<double> want = gemm_definition(true, false, m, n, k, alpha, Ar, lda, Bb, ldb, 0, C, ldc);
+        for (int j = 0; j < n; ++j)
+          for (int i = 0; i < m; ++i)
+            ck.close(__bfloat162float(got16[b * sc + (size_t)j * ldc + i]), want[(size_t)j * ldc + i], std::ldexp(1.0, -8) + 1e-6, 1e-6,
+                     "cublasGemmStridedBatchedEx bf16 C, rounded");
+      }
+      ck.expect(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, dBs, CUDA_R_32F, lda, 0, dBs, CUDA_R_32F, ldb, sb,
+                                           &zero, dCs16, CUDA_R_16BF, ldc, sc, batches, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) ==
+                    CUBLAS_STATUS_NOT_SUPPORTED,
+                "cublasGemmStridedBatchedEx: fp32 operands with a bf16 C are not supported here");
+      cudaDeviceReset();
     }
     cublasDestroy(h);
   }

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "../transformer.h"
@@ -1203,6 +1204,55 @@ int main() {
     same_with_twin_alone(ck, ("attention, Dk " + std::to_string(D / H)).c_str(), "ctx", n, run);
     gpu::release(dvalid);
   }
+  // Attention's inputs q, k, v and dctx read from bf16 twins listed alone, as a training step's attention reads
+  // what its products wrote (copy_head_tile widens them into its tiles): every output has the same bits as from
+  // fp32 inputs that hold those roundings, and the fp32 inputs (poisoned) are not read. Dk 3 (an element at a
+  // time; attention_forward_kernel, the one-key-tile backward), Dk 16 (4 elements a load; the tensor cores) and
+  // Dk 16 with 37 queries and 45 keys (tiles in turn; the backward's attention_backward_kernel).
+  for (const auto& [d, heads, lq, lk] : {std::tuple{D, 4, Lq, Lk}, std::tuple{32, 2, Lq, Lk}, std::tuple{32, 2, 37, 45}}) {
+    Rand ra{17};
+    const size_t nq = (size_t)B * lq * d, nk = (size_t)B * lk * d, np = (size_t)B * heads * lq * lk;
+    std::vector<uint8_t> valid((size_t)B * lk, 1);
+    valid[lk - 1] = 0;
+    uint8_t* dvalid = gpu::alloc_bytes(valid.size());
+    gpu::upload(dvalid, valid.data(), valid.size());
+    const std::vector<float> q = bf16_rounded(ra.vec(nq)), k = bf16_rounded(ra.vec(nk)), v = bf16_rounded(ra.vec(nk)),
+                             dctx = bf16_rounded(ra.vec(nq));
+    std::vector<uint8_t> bits;  // their bf16 bytes, one after another, as the twins hold them
+    for (const std::vector<float>* x : {&q, &k, &v, &dctx})
+      for (float e : *x) {
+        uint32_t b;
+        std::memcpy(&b, &e, 4);
+        bits.push_back(b >> 16 & 0xff), bits.push_back(b >> 24);
+      }
+    const auto run = [&](bool twins) {
+      Buf bq(q), bk(k), bv(v), bdctx(dctx), ctx(zeros(nq)), p(zeros(np)), dq(zeros(nq)), dk(zeros(nk)), dv(zeros(nk));
+      uint8_t* twin = twins ? gpu::alloc_bytes(bits.size()) : nullptr;
+      if (twins) {
+        bq.poison(), bk.poison(), bv.poison(), bdctx.poison();
+        gpu::upload(twin, bits.data(), bits.size());
+        gpu::set_bf16_twins({{bq.d, nq, true}, {bk.d, nk, true}, {bv.d, nk, true}, {bdctx.d, nq, true}}, twin);
+      }
+      gpu::attention_forward(ctx.d, p.d, bq.d, bk.d, bv.d, dvalid, false, drop, B, lq, lk, d, heads);
+      gpu::attention_backward(dq.d, dk.d, dv.d, bdctx.d, p.d, bq.d, bk.d, bv.d, drop, B, lq, lk, d, heads);
+      std::vector<float> all;
+      for (const Buf* b : {&ctx, &p, &dq, &dk, &dv}) {
+        const std::vector<float> x = b->get();
+        all.insert(all.end(), x.begin(), x.end());
+      }
+      if (twins) gpu::set_bf16_twins({}, nullptr), gpu::release(twin);
+      return all;
+    };
+    const std::vector<float> from_twins = run(true), from_fp32 = run(false);
+    size_t differ = from_twins.size() != from_fp32.size();
+    for (size_t i = 0; i < std::min(from_twins.size(), from_fp32.size()); ++i)
+      differ += std::memcmp(&from_twins[i], &from_fp32[i], sizeof(float)) != 0;
+    const std::string what = "bf16 attention inputs from twins (Dk " + std::to_string(d / heads) + ", " + std::to_string(lq) + " x " +
+                             std::to_string(lk) + ")";
+    std::printf("  %-44s %zu of %zu outputs differ in their bits from fp32 inputs\n", what.c_str(), differ, from_twins.size());
+    ck.expect(differ == 0, "%s: %zu of %zu outputs differ from the same values read in fp32", what.c_str(), differ, from_twins.size());
+    gpu::release(dvalid);
+  }
   // The whole step in bf16 against the fp32 CPU step. Element by element that is no bound: this tiny model
   // (d 12) is ill-conditioned, and rounding its weights alone to bf16, in double on the CPU, moves single
   // gradient tensors by up to 32% (L2). So the gradient is held as a whole: its relative L2 error over every
@@ -1309,13 +1359,14 @@ int main() {
               tag.c_str(), n.l2, n.worst_cos);
     // The activations' bf16 twins, which the products read instead of rounding them: each is its buffer
     // rounded, as its producer wrote both (a twin left stale, by a producer that does not write it, is not).
-    // Post-LN: each attention's ctx, each FFN's h and each sub-layer connection's output; pre-LN the first
-    // two; both, the embedded inputs and the gradients of the logits and of a sub-layer's output. Listed
-    // alone, their fp32 values not written: the attentions' ctx and the FFNs' h (checked above) and the
-    // logits' gradient (its products are the gradient's, checked above).
+    // Post-LN: each attention's q, k, v and ctx, each FFN's h and each sub-layer connection's output; pre-LN
+    // the first two; both, the embedded inputs and the gradients of the logits and of a sub-layer's output.
+    // Listed alone, their fp32 values not written: the attentions' q, k, v and ctx, the FFNs' h (checked
+    // above) and the logits' gradient (its products are the gradient's, checked above).
     {
       const auto twins = gpu::bf16_twins();
-      const size_t want = (size_t)c.N * (pre_ln ? 2 + 3 : 4 + 6) + 4, want_alone = 5 * (size_t)c.N + 1;  // 3 N ctx, 2 N h, the logits' gradient
+      // 3 N attentions (4 each), 2 N FFNs, post-LN 5 N connections; x0 twice, the logits' and a sub-layer's gradients
+      const size_t want = (size_t)c.N * (pre_ln ? 12 + 2 : 12 + 2 + 5) + 4, want_alone = 14 * (size_t)c.N + 1;
       size_t stale = 0, elements = 0, alone = 0, alone_written = 0;
       for (const gpu::Bf16Twin& t : twins) {
         elements += t.n;
