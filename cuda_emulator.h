@@ -773,7 +773,7 @@ template <typename L> void run_grid(L call, const char* name, dim3 grid, dim3 bl
   }
   alarm(0);
   s.threads.clear();
-  s.dynamic_shared = nullptr;
+  s.dynamic_shared = nullptr, s.kernel = "";  // (name may not outlive the launch)
 }
 
 // kernel<<<grid, block, shared, stream>>>(args...): every block of the grid, one after another; under a

@@ -2245,8 +2245,9 @@ static unsigned row_threads(int n) {
 // ---- bf16 operands (mixed precision): what the tensor cores read in bf16 precision ------------------
 // The parameters keep a bf16 copy (keep_bf16_copy), which adam_update rewrites in its pass. A training
 // step's buffer that products read has a bf16 twin (set_bf16_twins; GpuModel::keep_bf16_twins lists them),
-// which each kernel that writes the buffer writes in the same pass. Any other operand is rounded into a
-// scratch buffer on its way into the product.
+// which each kernel that writes the buffer writes in the same pass; attention's q, k and v have twins too,
+// which their projections write (product_result) and the attention kernels read. Any other operand is
+// rounded into a scratch buffer on its way into the product.
 using bf16 = __nv_bfloat16;
 __global__ void to_bf16_kernel(bf16* out, const float* in, size_t n) { GRID_STRIDE(i, n) out[i] = __float2bfloat16(in[i]); }
 struct Bf16Copy {
@@ -2301,8 +2302,8 @@ void drop_bf16_copy(const float* p) {
     }
 }
 // The twin a producer writes beside its output, the n elements at p (bf16 products, p listed by
-// set_bf16_twins), else null; *alone: whether the twin is listed alone (ffn_forward's h, attention_forward's
-// ctx and the loss's dlogits in a training step, whose producers then write no fp32 values).
+// set_bf16_twins), else null; *alone: whether the twin is listed alone (ffn_forward's h, attention's q, k, v
+// and ctx and the loss's dlogits in a training step, whose producers then write no fp32 values).
 static bf16* bf16_twin_of(const float* p, size_t n, bool* alone = nullptr) {
   const Bf16Copy* c = products() == Precision::bf16 ? bf16_entry_of(p) : nullptr;
   if (alone) *alone = c && c->twin && c->alone;
@@ -2350,7 +2351,8 @@ static Operand operand(const float* p, size_t extent, Slot slot) {
   LAUNCH(to_bf16_kernel, blocks_for(extent), 256, 0, s, p, extent);
   return {p, s};
 }
-// Where a pass of ours rounds a product's operand of n elements on its way: the slot's scratch in bf16, else null.
+// Where a pass of ours rounds a product's operand of n elements on its way, or a product writes its result
+// rounded for a kernel of ours: the slot's scratch in bf16, else null.
 static bf16* rounded_in_pass(size_t n, Slot slot) { return products() == Precision::bf16 && n ? bf16_scratch(slot, n) : nullptr; }
 static size_t extent(int rows, int cols, int ld) { return rows == 0 || cols == 0 ? 0 : (size_t)(rows - 1) * ld + cols; }
 
@@ -2638,31 +2640,31 @@ __device__ void copy_head_tile(float* tile, const float* x, int b, int h, int L,
 }
 // The same from bf16 rows (in a bf16 training step q, k, v and dctx: what their products wrote), widened to
 // fp32 in the tile, so that the kernels' arithmetic is the same as from fp32 rows holding those values. An
-// asynchronous copy cannot widen: each thread loads 4 elements of a row (one 8-byte load, where the head's
-// columns are 8-byte aligned: Dk and D multiples of 4), the tile's 32 rows' elements spread over all the
-// block's threads, and stores them widened (one 16-byte store); else a lane takes one element at a time. The
-// tile is written when the thread returns (the wait_for_copies after it has nothing of it to wait for).
+// asynchronous copy cannot widen, so the loads go through registers: where the head's columns are 8-byte
+// aligned (Dk and D multiples of 4), a lane loads 4 columns of each of its warp's 4 rows (one 8-byte load
+// each, all 4 issued before any is stored), then stores them widened (one 16-byte store each); else a lane takes
+// one element at a time. The tile is written when the thread returns (the wait_for_copies after it has nothing
+// of it to wait for).
 struct alignas(8) Bf16x4 {
   bf16 e[4];
 };
+static_assert(4 * 32 >= attention_ld(kMaxHeadDim), "a lane's 4 columns: a warp covers a tile's row");
 __device__ void copy_head_tile(float* tile, const bf16* x, int b, int h, int L, int first, int D, int Dk) {
-  const int ld = attention_ld(Dk);
+  const int ld = attention_ld(Dk), lane = threadIdx.x % 32;
   const bf16* head = x + ((size_t)b * L + first) * D + h * Dk;  // row r at head + r D, read only where first + r < L
+  auto row = [&](int i) { return (int)threadIdx.x / 32 + i * kAttentionWarps; };  // the warp's i-th row
   if (Dk % 4 == 0 && D % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 8 == 0) {
-    const int per_row = Dk / 4;
-    for (int e = threadIdx.x; e < kAttentionTile * per_row; e += kAttentionThreads) {
-      const int r = e / per_row, d = 4 * (e - r * per_row);
-      float4 to{};
-      if (first + r < L) {
-        const Bf16x4 in = *reinterpret_cast<const Bf16x4*>(head + (size_t)r * D + d);
-        to = float4{__bfloat162float(in.e[0]), __bfloat162float(in.e[1]), __bfloat162float(in.e[2]), __bfloat162float(in.e[3])};
-      }
-      *reinterpret_cast<float4*>(tile + r * ld + d) = to;
-    }
-    if (ld > Dk && threadIdx.x < kAttentionTile) *reinterpret_cast<float4*>(tile + threadIdx.x * ld + Dk) = float4{};  // 4 columns past Dk
+    const int d = 4 * lane;
+    Bf16x4 in[kRowsPerWarp] = {};
+    for (int i = 0; i < kRowsPerWarp; ++i)
+      if (d < Dk && first + row(i) < L) in[i] = *reinterpret_cast<const Bf16x4*>(head + (size_t)row(i) * D + d);
+    for (int i = 0; i < kRowsPerWarp; ++i)  // zeros past L and from Dk to ld (4 columns or none)
+      if (d < ld)
+        *reinterpret_cast<float4*>(tile + row(i) * ld + d) =
+            float4{__bfloat162float(in[i].e[0]), __bfloat162float(in[i].e[1]), __bfloat162float(in[i].e[2]), __bfloat162float(in[i].e[3])};
   } else {
-    for (int r = threadIdx.x / 32; r < kAttentionTile; r += kAttentionWarps)
-      for (int d = threadIdx.x % 32; d < ld; d += 32) tile[r * ld + d] = first + r < L && d < Dk ? __bfloat162float(head[(size_t)r * D + d]) : 0.f;
+    for (int i = 0; i < kRowsPerWarp; ++i)
+      for (int d = lane; d < ld; d += 32) tile[row(i) * ld + d] = first + row(i) < L && d < Dk ? __bfloat162float(head[(size_t)row(i) * D + d]) : 0.f;
   }
 }
 // Until the calling thread's copies (copy_head_tile) are done; the other threads' are seen after a
@@ -3235,10 +3237,11 @@ static bool attention_on_tensor_cores(int Dk) { return products() != Precision::
 // f(q, k, v) with attention's q, k and v as its kernels read them: their bf16 twins where a bf16 training step
 // lists all three (alone: their projections write only those), else their fp32 elements. (In: the elements'
 // type, the kernels' template argument.)
+constexpr const char* kQkvTwins = "attention: q, k and v have bf16 twins all three or none";
 template <typename F> static void with_attention_inputs(const float* q, const float* k, const float* v, size_t nq, size_t nk, F f) {
   const bf16 *q16 = bf16_twin_of(q, nq), *k16 = bf16_twin_of(k, nk), *v16 = bf16_twin_of(v, nk);
   if (q16 && k16 && v16) return f(q16, k16, v16);
-  if (q16 || k16 || v16) throw std::logic_error("attention: q, k and v have bf16 twins all three or none");
+  if (q16 || k16 || v16) throw std::logic_error(kQkvTwins);
   f(q, k, v);
 }
 template <typename T> using Elements = std::remove_const_t<std::remove_pointer_t<T>>;  // float or bf16, of a pointer's type
@@ -3325,9 +3328,10 @@ void multihead_attention_forward(float* out, const AttentionActs<float>& a, cons
   const Operand q_in = operand(xq, nq, kShared);
   const Operand kv_in = xkv == xq ? q_in : operand(xkv, nk, kLeft);
   const Result rq = product_result(a.q, nq), rk = product_result(a.k, nk), rv = product_result(a.v, nk);
-  const bool kv16 = rk.h && rv.h, qkv16 = rq.h && kv16;  // (an op's caller may list some twins and not others)
-  const ptrdiff_t qkv_at = qkv16 ? even_stride<bf16>({rq.h, rk.h, rv.h}, nq) : even_stride<float>({rq.f, rk.f, rv.f}, nq);
-  const ptrdiff_t kv_at = kv16 ? even_stride<bf16>({rk.h, rv.h}, nk) : even_stride<float>({rk.f, rv.f}, nk);
+  const bool in_bf16 = rq.h;
+  if (in_bf16 != (rk.h != nullptr) || in_bf16 != (rv.h != nullptr)) throw std::logic_error(kQkvTwins);
+  const ptrdiff_t qkv_at = in_bf16 ? even_stride<bf16>({rq.h, rk.h, rv.h}, nq) : even_stride<float>({rq.f, rk.f, rv.f}, nq);
+  const ptrdiff_t kv_at = in_bf16 ? even_stride<bf16>({rk.h, rv.h}, nk) : even_stride<float>({rk.f, rv.f}, nk);
   if (xkv == xq && Lq == Lk && qkv_at && weights_adjacent({w.wq, w.wk, w.wv}, dd)) {
     project_batched(rq, qkv_at, q_in, w.wq, 3, B * Lq, D, D);
   } else {

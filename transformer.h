@@ -582,8 +582,9 @@ struct Bf16Twin {
   size_t n;
   bool alone = false;
 };
-// The activations that have a bf16 twin now, which their producers write and the products read;
-// bf16_copy gives a twin's elements (for the tests).
+// The activations that have a bf16 twin now, which their producers (a kernel of ours, or for attention's
+// q, k and v a product) write and the products or the attention kernels read; bf16_copy gives a twin's
+// elements (for the tests).
 std::vector<Bf16Twin> bf16_twins();
 // Gives the activations listed their twins, one after another in storage (device memory, 2 bytes an
 // element), replacing those set before; an empty list drops them (a model's training step; the tests).
@@ -597,6 +598,8 @@ void dropout_forward(float* out, const float* in, DropoutKey key, size_t n);
 void dropout_backward(float* din, const float* dout, DropoutKey key, size_t n);
 void linear_forward(float* out, const float* in, const float* w, const float* b, int M, int I, int O);
 void linear_backward(float* din, float* dw, float* db, const float* dout, const float* in, const float* w, int M, int I, int O);
+// In bf16 precision, where q, k and v have bf16 twins (all three), the attention reads the twins and not their
+// fp32 values, and the backward reads dctx in bf16 too (its twin where it has one, else rounded on its way in).
 void attention_forward(float* ctx, float* p, const float* q, const float* k, const float* v, const uint8_t* key_valid,
                        bool causal, DropoutKey drop, int B, int Lq, int Lk, int D, int H);
 void attention_backward(float* dq, float* dk, float* dv, const float* dctx, const float* p, const float* q, const float* k,

@@ -49,7 +49,7 @@ mutants=(
   "the tensor-core attention's scores read before the warps that form them have stored them (the barrier removed)|    __syncthreads();  // the scores are stored (and the key tile read)\n|"
   "the tensor-core attention backward's dk from ds, not ds^T (a wmma operand's layout)|add_tf32_product<wmma::col_major, wmma::row_major>(acc_k[t],|add_tf32_product<wmma::row_major, wmma::row_major>(acc_k[t],"
   "the tensor-core attention backward's dq stored over the queries' tile while other warps still read it for dk (the barrier removed)|    __syncthreads();  // the queries' tile read by all\n|"
-  "attention's bf16 tile loader stepping a head's rows by Dk, not D (the rows read as if they lay one after another)|reinterpret_cast<const Bf16x4*>(head + (size_t)r * D + d)|reinterpret_cast<const Bf16x4*>(head + (size_t)r * Dk + d)"
+  "attention's bf16 tile loader stepping a head's rows by Dk, not D (the rows read as if they lay one after another)|reinterpret_cast<const Bf16x4*>(head + (size_t)row(i) * D + d)|reinterpret_cast<const Bf16x4*>(head + (size_t)row(i) * Dk + d)"
   "projections that write q, k and v in fp32 where the attention reads their bf16 twins (left stale)|return twin ? Result(twin) : Result(p);|return Result(p);"
   "a CUDA graph of the update that replays its capture's Adam step (staged only while captured)|*staged_adam = gpu::adam_step(lr, c.beta1, c.beta2, m.step);\n    const auto work = [&] {\n|const auto work = [&] {\n      *staged_adam = gpu::adam_step(lr, c.beta1, c.beta2, m.step);\n"
 )

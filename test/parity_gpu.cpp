@@ -1206,10 +1206,12 @@ int main() {
   }
   // Attention's inputs q, k, v and dctx read from bf16 twins listed alone, as a training step's attention reads
   // what its products wrote (copy_head_tile widens them into its tiles): every output has the same bits as from
-  // fp32 inputs that hold those roundings, and the fp32 inputs (poisoned) are not read. Dk 3 (an element at a
-  // time; attention_forward_kernel, the one-key-tile backward), Dk 16 (4 elements a load; the tensor cores) and
-  // Dk 16 with 37 queries and 45 keys (tiles in turn; the backward's attention_backward_kernel).
-  for (const auto& [d, heads, lq, lk] : {std::tuple{D, 4, Lq, Lk}, std::tuple{32, 2, Lq, Lk}, std::tuple{32, 2, 37, 45}}) {
+  // fp32 inputs that hold those roundings, and the fp32 inputs (poisoned) are not read. Without the tensor cores
+  // (attention_forward_kernel, the one-key-tile backward): Dk 3 (an element at a time), 4 (4 a load) and 8 (4 a
+  // load, 4 columns of padding); on them: Dk 16, the twins 8-byte aligned (4 a load) or not (shifted by an
+  // element: one at a time), and Dk 16 with 37 queries and 45 keys (tiles in turn; attention_backward_kernel).
+  for (const auto& [d, heads, lq, lk, shift] : {std::tuple{D, 4, Lq, Lk, 0}, std::tuple{D, 3, Lq, Lk, 0}, std::tuple{16, 2, Lq, Lk, 0},
+                                                std::tuple{32, 2, Lq, Lk, 0}, std::tuple{32, 2, Lq, Lk, 1}, std::tuple{32, 2, 37, 45, 0}}) {
     Rand ra{17};
     const size_t nq = (size_t)B * lq * d, nk = (size_t)B * lk * d, np = (size_t)B * heads * lq * lk;
     std::vector<uint8_t> valid((size_t)B * lk, 1);
@@ -1227,11 +1229,11 @@ int main() {
       }
     const auto run = [&](bool twins) {
       Buf bq(q), bk(k), bv(v), bdctx(dctx), ctx(zeros(nq)), p(zeros(np)), dq(zeros(nq)), dk(zeros(nk)), dv(zeros(nk));
-      uint8_t* twin = twins ? gpu::alloc_bytes(bits.size()) : nullptr;
+      uint8_t* twin = twins ? gpu::alloc_bytes(bits.size() + 2 * shift) : nullptr;
       if (twins) {
         bq.poison(), bk.poison(), bv.poison(), bdctx.poison();
-        gpu::upload(twin, bits.data(), bits.size());
-        gpu::set_bf16_twins({{bq.d, nq, true}, {bk.d, nk, true}, {bv.d, nk, true}, {bdctx.d, nq, true}}, twin);
+        gpu::upload(twin + 2 * shift, bits.data(), bits.size());
+        gpu::set_bf16_twins({{bq.d, nq, true}, {bk.d, nk, true}, {bv.d, nk, true}, {bdctx.d, nq, true}}, twin + 2 * shift);
       }
       gpu::attention_forward(ctx.d, p.d, bq.d, bk.d, bv.d, dvalid, false, drop, B, lq, lk, d, heads);
       gpu::attention_backward(dq.d, dk.d, dv.d, bdctx.d, p.d, bq.d, bk.d, bv.d, drop, B, lq, lk, d, heads);
@@ -1248,7 +1250,7 @@ int main() {
     for (size_t i = 0; i < std::min(from_twins.size(), from_fp32.size()); ++i)
       differ += std::memcmp(&from_twins[i], &from_fp32[i], sizeof(float)) != 0;
     const std::string what = "bf16 attention inputs from twins (Dk " + std::to_string(d / heads) + ", " + std::to_string(lq) + " x " +
-                             std::to_string(lk) + ")";
+                             std::to_string(lk) + (shift ? ", unaligned)" : ")");
     std::printf("  %-44s %zu of %zu outputs differ in their bits from fp32 inputs\n", what.c_str(), differ, from_twins.size());
     ck.expect(differ == 0, "%s: %zu of %zu outputs differ from the same values read in fp32", what.c_str(), differ, from_twins.size());
     gpu::release(dvalid);
@@ -1277,9 +1279,11 @@ int main() {
     return a;
   };
   // attention's projections: each input rounded once for its products; Dk 4 (the fp32 kernels) and 16 (the
-  // tensor cores')
+  // tensor cores'); and with q, k, v and ctx listed as twins alone, as in a training step (q, k, v, then dctx
+  // too, read in bf16: one more rounding each)
   for (const auto& [D, H] : {std::pair{D, H}, std::pair{32, 2}})
-  for (bool self : {false, true}) {
+  for (bool self : {false, true})
+  for (bool twins : {false, true}) {
     const int lk = self ? Lq : Lk;
     std::vector<uint8_t> valid((size_t)B * lk, 1);
     valid[lk - 1] = 0;
@@ -1301,7 +1305,13 @@ int main() {
     auto dev = [](Buf& a, Buf& b, Buf& c, Buf& d) { return AttentionWeights<float>{a.d, b.d, c.d, d.d}; };
     AttentionActs<float> ha{aq.h.data(), ak.h.data(), av.h.data(), ap.h.data(), actx.h.data()}, da{aq.d, ak.d, av.d, ap.d, actx.d};
     AttentionActs<float> hs{sq.h.data(), sk.h.data(), sv.h.data(), nullptr, sctx.h.data()}, ds{sq.d, sk.d, sv.d, nullptr, sctx.d};
-    const std::string tag = std::string(self ? " (self, causal" : " (cross") + ", Dk " + std::to_string(D / H) + ")";
+    const std::string tag = std::string(self ? " (self, causal" : " (cross") + ", Dk " + std::to_string(D / H) + (twins ? ", twins)" : ")");
+    uint8_t* twin = twins ? gpu::alloc_bytes(2 * (2 * aq.h.size() + ak.h.size() + av.h.size())) : nullptr;
+    if (twins) {
+      aq.poison(), ak.poison(), av.poison(), actx.poison();
+      gpu::set_bf16_twins({{aq.d, aq.h.size(), true}, {ak.d, ak.h.size(), true}, {av.d, av.h.size(), true}, {actx.d, actx.h.size(), true}},
+                          twin);
+    }
     cpu::multihead_attention_forward(out.h.data(), ha, xq.h.data(), hkv, host(wq, wk, wv, wo), valid.data(), self, drop, B, Lq, lk, D, H);
     gpu::multihead_attention_forward(out.d, da, xq.d, dkv, dev(wq, wk, wv, wo), dvalid, self, drop, B, Lq, lk, D, H);
     same_bf16(ck, out.get(), out.h, kBf16Chain, "bf16 multihead_attention_forward" + tag);
@@ -1321,6 +1331,7 @@ int main() {
     if (!self) same_bf16(ck, dxkv.get(), dxkv.h, kBf16Chain, "bf16 multihead_attention_backward dxkv" + tag);
     for (auto [b, name] : {std::pair{&dwq, "dWq"}, std::pair{&dwk, "dWk"}, std::pair{&dwv, "dWv"}, std::pair{&dwo, "dWo"}})
       same_bf16(ck, b->get(), b->h, kBf16Chain, std::string("bf16 multihead_attention_backward ") + name + tag);
+    if (twins) gpu::set_bf16_twins({}, nullptr), gpu::release(twin);
     gpu::release(dvalid);
   }
   // post-LN and pre-LN at d 12 (Dk 4: the fp32 attention kernels), post-LN at d 32 (Dk 16: the tensor cores')
