@@ -885,9 +885,9 @@ template <typename T> void transformer_init(Transformer<T>& m, uint64_t seed) {
 template <typename T>
 static size_t carve_activations(Activations<T>& a, const Config& c, int B, int S, int Tl, T* base, bool hidden_fp32 = true) {
   size_t used = 0;
-  auto take = [&](size_t n) -> T* {
+  auto take = [&](size_t n) -> T* {  // each buffer 64 elements aligned (256 bytes in fp32: vector loads, a twin alone)
     T* p = base ? base + used : nullptr;
-    used += n;
+    used += (n + 63) / 64 * 64;
     return p;
   };
   const size_t D = c.D, H = c.H, Ms = (size_t)B * S, Mt = (size_t)B * Tl, Mmax = std::max(Ms, Mt);
@@ -2278,12 +2278,20 @@ void keep_bf16_copy(const float* p, size_t n) {
   if (n) LAUNCH(to_bf16_kernel, blocks_for(n), 256, 0, copy, p, n);
   bf16_copies().push_back({p, copy, n, false, false});
 }
-// A producer of a listed buffer must write its twin (and, unless the twin is alone, the fp32 values).
+// A producer of a listed buffer must write its twin (and, unless the twin is alone, the fp32 values). A twin
+// alone takes the first half of its fp32 buffer's bytes, which nothing else writes or reads while it is
+// listed: its storage costs nothing more.
 void set_bf16_twins(const std::vector<Bf16Twin>& twins, void* storage) {
   auto& v = bf16_copies();
   v.erase(std::remove_if(v.begin(), v.end(), [](const Bf16Copy& c) { return c.twin; }), v.end());
   bf16* at = static_cast<bf16*>(storage);
-  for (const Bf16Twin& t : twins) v.push_back({t.p, at, t.n, true, t.alone}), at += t.n;
+  for (const Bf16Twin& t : twins)
+    v.push_back({t.p, t.alone ? reinterpret_cast<bf16*>(const_cast<float*>(t.p)) : std::exchange(at, at + t.n), t.n, true, t.alone});
+}
+size_t bf16_twin_storage(const std::vector<Bf16Twin>& twins) {
+  size_t n = 0;
+  for (const Bf16Twin& t : twins) n += t.alone ? 0 : t.n;
+  return n;
 }
 std::vector<Bf16Twin> bf16_twins() {
   std::vector<Bf16Twin> t;
@@ -4178,8 +4186,7 @@ class GpuModel : public DeviceModel {
       }
       twin_list.push_back({acts.dlogits, Mt * c.V, true}), twin_list.push_back({acts.d_sub, std::max(Ms, Mt) * D});
     }
-    size_t need = 0;
-    for (const gpu::Bf16Twin& t : twin_list) need += t.n;
+    const size_t need = gpu::bf16_twin_storage(twin_list);
     if (need > twins_size) {
       if (twins) gpu::release(twins);
       twins = nullptr, twins_size = 0;  // if the allocation fails

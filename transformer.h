@@ -576,7 +576,8 @@ void keep_bf16_copy(const float* p, size_t n);
 void drop_bf16_copy(const float* p);
 std::vector<float> bf16_copy(const float* p, size_t n);
 // An activation with a bf16 twin (a model's training step in bf16): where it starts, its floats, and
-// whether its producer writes the twin alone, without the fp32 values (nothing reads those in that step).
+// whether its producer writes the twin alone, without the fp32 values (nothing reads those in that step);
+// such a twin lives in the fp32 buffer's own storage, the first half of its bytes.
 struct Bf16Twin {
   const float* p;
   size_t n;
@@ -586,9 +587,11 @@ struct Bf16Twin {
 // q, k and v a product) write and the products or the attention kernels read; bf16_copy gives a twin's
 // elements (for the tests).
 std::vector<Bf16Twin> bf16_twins();
-// Gives the activations listed their twins, one after another in storage (device memory, 2 bytes an
-// element), replacing those set before; an empty list drops them (a model's training step; the tests).
+// Gives the activations listed their twins, those alone in their own buffers and the others one after another
+// in storage (device memory, bf16_twin_storage(twins) elements of 2 bytes), replacing those set before; an
+// empty list drops them (a model's training step; the tests).
 void set_bf16_twins(const std::vector<Bf16Twin>& twins, void* storage);
+size_t bf16_twin_storage(const std::vector<Bf16Twin>& twins);
 // In bf16 precision the operands are rounded to bf16 (a parameter's copy is used where it has one).
 void gemm(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc,
           bool accumulate);
