@@ -119,6 +119,13 @@ std::vector<float> tf32_rounded(std::vector<float> v) {
   return v;
 }
 
+// How many elements of a and b differ in their bits (a difference in length counts one more).
+size_t differing_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  size_t differ = a.size() != b.size();
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) differ += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+  return differ;
+}
+
 // Of the n floats at x (device memory poisoned first: NaN), how many past a twin alone there (its first n / 2,
 // rounded up) were written: a producer that writes the fp32 values beside a twin alone writes them.
 size_t written_past_twin(const float* x, size_t n) {
@@ -138,8 +145,7 @@ template <typename Run> void same_with_twin_alone(Checker& ck, const char* op, c
   size_t written_alone, written_apart;
   const std::vector<float> alone = run(true, &written_alone), apart = run(false, &written_apart);
   const size_t past = n - (n + 1) / 2;
-  size_t differ = alone.size() != apart.size();
-  for (size_t i = 0; i < std::min(alone.size(), apart.size()); ++i) differ += std::memcmp(&alone[i], &apart[i], sizeof(float)) != 0;
+  const size_t differ = differing_bits(alone, apart);
   std::printf("  %-44s %zu of %zu outputs differ in their bits; %s written past its twin: %zu of %zu elements (apart: %zu)\n",
               (std::string("bf16 ") + op + ", " + x + "'s twin alone").c_str(), differ, alone.size(), x, written_alone, past, written_apart);
   ck.expect(differ == 0, "bf16 %s with %s's twin alone: %zu of %zu outputs differ from %s rounded apart", op, x, differ, alone.size(), x);
@@ -631,8 +637,7 @@ int main() {
         fills = launches.count("fill_kernel") ? launches.at("fill_kernel") : 0;
 #endif
       }
-      size_t differ = 0;
-      for (size_t i = 0; i < runs[0].size(); ++i) differ += std::memcmp(&runs[0][i], &runs[1][i], sizeof(float)) != 0;
+      const size_t differ = differing_bits(runs[0], runs[1]);
 #ifdef TRANSFORMER_EMULATED_GPU
       std::printf("  %-44s %zu of %zu outputs differ in their bits; %zu fills launched (want %zu)\n", ("deferred fills: " + what).c_str(),
                   differ, runs[0].size(), fills, fills_want);
@@ -681,9 +686,8 @@ int main() {
 #endif
         }
         runs[0].erase(runs[0].begin(), runs[0].begin() + n);  // (y itself: the taken run leaves it without the bias)
-        size_t differ = 0;
         ck.expect(runs[0].size() == runs[1].size(), "deferred bias: the two runs read back %zu and %zu floats", runs[0].size(), runs[1].size());
-        for (size_t i = 0; i < std::min(runs[0].size(), runs[1].size()); ++i) differ += std::memcmp(&runs[0][i], &runs[1][i], sizeof(float)) != 0;
+        const size_t differ = differing_bits(runs[0], runs[1]);
         const std::string what = std::string("deferred bias: ffn_forward, ") + (pre_ln ? "residual_dropout_forward" : "residual_dropout_layernorm_forward");
         std::printf("  %-44s %zu of %zu outputs differ in their bits; bias passes %zu taken, %zu not (want 0, 1)\n", what.c_str(), differ,
                     runs[1].size(), passes[1], passes[0]);
@@ -1260,9 +1264,7 @@ int main() {
       return all;
     };
     const std::vector<float> from_twins = run(true), from_fp32 = run(false);
-    size_t differ = from_twins.size() != from_fp32.size();
-    for (size_t i = 0; i < std::min(from_twins.size(), from_fp32.size()); ++i)
-      differ += std::memcmp(&from_twins[i], &from_fp32[i], sizeof(float)) != 0;
+    const size_t differ = differing_bits(from_twins, from_fp32);
     const std::string what = "bf16 attention inputs from twins (Dk " + std::to_string(d / heads) + ", " + std::to_string(lq) + " x " +
                              std::to_string(lk) + (shift ? ", unaligned)" : ")");
     std::printf("  %-44s %zu of %zu outputs differ in their bits from fp32 inputs\n", what.c_str(), differ, from_twins.size());
