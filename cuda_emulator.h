@@ -24,7 +24,13 @@
 //     access past their end; a read of memory nothing wrote shows as NaN); copies must stay inside them;
 //   - streams run their work at once, unless one is being captured: its launches, async copies, memsets
 //     and cuBLAS calls become a graph's nodes, replayed by cudaGraphLaunch; an allocation, a synchronising
-//     call or work on the legacy stream during a capture fails and invalidates it, as CUDA's global mode does.
+//     call or work on the legacy stream during a capture fails and invalidates it, as CUDA's global mode does;
+//   - a stream forked from another (a branch: it waited on an event that a stream not itself a branch
+//     recorded) runs its work as late as the program lets it: when a stream waits on an event the branch
+//     recorded after that work (a join), or at a synchronising call; under a capture it joins the capture,
+//     its nodes placed at their join, and a capture that ends with a branch's work not joined fails, as
+//     CUDA's does. A cuBLAS call on a branch checks, when it runs, that its operands (A, B and C) hold the
+//     bytes they held when it was issued: other work that wrote them in between is a missing join, an error;
 // The order in which a block's threads run between two meeting points, and the order of the blocks, is
 // set by CUDA_EMULATOR_ORDER: inorder (default), reverse, or shuffle (reshuffled at every meeting point,
 // seeded by CUDA_EMULATOR_SEED): a missing __syncthreads or a race on shared memory gives another result
@@ -130,6 +136,8 @@ enum cudaError_t {
   cudaErrorLaunchFailure = 719,
   cudaErrorStreamCaptureUnsupported = 900,
   cudaErrorStreamCaptureInvalidated = 901,
+  cudaErrorStreamCaptureUnjoined = 904,
+  cudaErrorStreamCaptureIsolation = 905,
   cudaErrorStreamCaptureImplicit = 906,
 };
 enum cudaMemcpyKind {
@@ -141,19 +149,29 @@ enum cudaMemcpyKind {
 };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 struct CUstream_st {};
-struct CUevent_st {};
 using cudaStream_t = CUstream_st*;
+// an event: the stream that recorded it last, and that stream's work before it (counted on a branch)
+struct CUevent_st {
+  cudaStream_t stream = nullptr;
+  unsigned long long position = 0;
+  bool recorded = false;
+};
 using cudaEvent_t = CUevent_st*;
 constexpr unsigned cudaEventDefault = 0, cudaEventDisableTiming = 2;
 enum cudaStreamCaptureMode { cudaStreamCaptureModeGlobal = 0, cudaStreamCaptureModeThreadLocal = 1, cudaStreamCaptureModeRelaxed = 2 };
 enum cudaStreamCaptureStatus { cudaStreamCaptureStatusNone = 0, cudaStreamCaptureStatusActive = 1, cudaStreamCaptureStatusInvalidated = 2 };
-// A graph is the work a capture recorded, in order (a capture on one stream is a chain of nodes); its
-// executable form is a copy of it.
+// A graph is the work a capture recorded, in order (a capture on one stream is a chain of nodes; a
+// branch's nodes are placed at their join); its executable form is a copy of it. A node that is not counted
+// is the emulator's own: it notes a branch's operands at the place the branch's node was issued.
+struct EmuNode {
+  std::function<void()> run;
+  bool counted = true;
+};
 struct CUgraph_st {
-  std::vector<std::function<void()>> nodes;
+  std::vector<EmuNode> nodes;
 };
 struct CUgraphExec_st {
-  std::vector<std::function<void()>> nodes;
+  std::vector<EmuNode> nodes;
 };
 using cudaGraph_t = CUgraph_st*;
 using cudaGraphExec_t = CUgraphExec_st*;
@@ -272,6 +290,15 @@ struct Counts {
   size_t to_device = 0, to_host = 0, on_device = 0, memsets = 0;  // cudaMemcpy(Async) by direction, cudaMemset(Async)
   size_t device_bytes = 0, peak_device_bytes = 0;
   size_t graph_launches = 0, graph_nodes = 0, graph_kernels = 0;  // cudaGraphLaunch calls, the nodes they ran, the kernels among them
+  size_t on_branches = 0;  // work that ran on a branch (a stream forked from another), replayed or not
+};
+
+// A span of device memory that a call reads or writes (a cuBLAS call's A, B and C).
+struct Span {
+  const char* name;
+  const void* p;
+  size_t bytes;
+  bool written;
 };
 
 struct State {
@@ -310,9 +337,23 @@ struct State {
   // stream capture (cudaStreamBeginCapture): the stream whose work is recorded, not run; the nodes so far;
   // and why the capture is invalidated (empty while it is valid)
   cudaStream_t capturing = nullptr;
-  std::vector<std::function<void()>> captured;
+  std::vector<EmuNode> captured;
   std::string capture_broken;
   bool replaying = false;  // inside cudaGraphLaunch
+  // the branches (streams forked from another): each one's work issued so far (its count), the work that
+  // waits for a join, and whether the branch joined the capture that is on
+  struct BranchWork {
+    unsigned long long seq;
+    std::function<void()> run;
+    std::vector<Span> writes;        // what it writes, where it names it
+    bool writes_unknown;               // it names nothing: it may write anything
+  };
+  struct Branch {
+    unsigned long long issued = 0;
+    std::vector<BranchWork> pending;
+    bool captured = false;
+  };
+  std::map<cudaStream_t, Branch> branches;
 
   State() {
     const char* o = std::getenv("CUDA_EMULATOR_ORDER");
@@ -337,7 +378,7 @@ inline State& state() {
 inline Counts& counts() { return state().counts; }
 inline void reset_counts() {
   Counts& c = counts();
-  c = Counts{{}, {}, 0, 0, 0, 0, c.device_bytes, c.device_bytes, 0, 0, 0};
+  c = Counts{{}, {}, 0, 0, 0, 0, c.device_bytes, c.device_bytes, 0, 0, 0, 0};
 }
 inline const char* order_name() {
   static const char* names[] = {"inorder", "reverse", "shuffle"};
@@ -721,11 +762,87 @@ inline bool may_queue(const char* call, cudaStream_t stream) {
   refuse_in_capture((std::string(call) + " on the legacy default stream").c_str(), cudaErrorStreamCaptureImplicit);
   return false;
 }
-inline bool recording(cudaStream_t stream) { return stream && stream == state().capturing; }
-// Runs the work now, or records it when its stream is being captured.
-inline void queue(cudaStream_t stream, std::function<void()> work) {
-  if (recording(stream)) state().captured.push_back(std::move(work));
-  else work();
+inline State::Branch* branch_of(cudaStream_t stream) {
+  auto it = state().branches.find(stream);
+  return it == state().branches.end() ? nullptr : &it->second;
+}
+// Whether the stream's work waits: recorded under a capture, or kept by a branch for its join.
+inline bool defers(cudaStream_t stream) { return stream && (stream == state().capturing || branch_of(stream)); }
+// A join: the branch's work issued before `position` runs now, in order, or (the branch in the capture)
+// becomes the capture's next nodes.
+inline void join_branch(State::Branch& b, unsigned long long position) {
+  State& s = state();
+  const auto end = std::find_if(b.pending.begin(), b.pending.end(), [&](const State::BranchWork& w) { return w.seq >= position; });
+  std::vector<State::BranchWork> ready(std::make_move_iterator(b.pending.begin()), std::make_move_iterator(end));
+  b.pending.erase(b.pending.begin(), end);
+  for (State::BranchWork& w : ready)
+    if (b.captured) s.captured.push_back({std::move(w.run)});
+    else w.run();
+}
+// What a synchronising call, or work on the legacy stream, waits for: every branch's work (outside a capture).
+inline void run_branches() {
+  for (auto& [stream, b] : state().branches)
+    if (!b.captured) join_branch(b, b.issued);
+}
+// The bytes at p, hashed (FNV-1a, 8 bytes a step), or 0 where they are not all device memory (the call then
+// reports it when it runs).
+inline uint64_t bytes_hash(const void* p, size_t bytes) {
+  std::string why;
+  if (bytes == 0 || !inside(state().device_allocations, p, bytes, &why)) return 0;
+  uint64_t h = 1469598103934665603ull, word;
+  const unsigned char* c = (const unsigned char*)p;
+  size_t i = 0;
+  for (; i + 8 <= bytes; i += 8) std::memcpy(&word, c + i, 8), h = (h ^ word) * 1099511628211ull;
+  for (; i < bytes; ++i) h = (h ^ c[i]) * 1099511628211ull;
+  return h;
+}
+inline bool overlap(const Span& a, const Span& b) {
+  return a.bytes && b.bytes && (const char*)a.p < (const char*)b.p + b.bytes && (const char*)b.p < (const char*)a.p + a.bytes;
+}
+// Runs the work now, records it when its stream is being captured, or keeps it for the branch's join. A
+// branch's call that names its operands (a cuBLAS call) checks when it runs that each holds the bytes it held
+// at the call's issue, unless earlier work of the branch, not run yet, may write it (work that names no
+// operands may write anything).
+inline void queue(cudaStream_t stream, std::function<void()> work, std::vector<Span> operands = {}, const std::string& call = "") {
+  State& s = state();
+  if (!stream) run_branches();  // the legacy stream waits for every other stream (created blocking)
+  State::Branch* b = branch_of(stream);
+  if (!b) {
+    if (defers(stream)) s.captured.push_back({std::move(work)});
+    else work();
+    return;
+  }
+  std::vector<Span> compared;
+  for (const Span& o : operands) {
+    bool may_change = s.dry_run;  // (its results are garbage: nothing to compare)
+    for (const State::BranchWork& w : b->pending)
+      may_change = may_change || w.writes_unknown || std::any_of(w.writes.begin(), w.writes.end(), [&](const Span& x) { return overlap(x, o); });
+    if (!may_change) compared.push_back(o);
+  }
+  std::vector<Span> writes;
+  for (const Span& o : operands)
+    if (o.written) writes.push_back(o);
+  auto at_issue = std::make_shared<std::vector<uint64_t>>();
+  const auto hashes = [compared] {
+    std::vector<uint64_t> h;
+    for (const Span& o : compared) h.push_back(bytes_hash(o.p, o.bytes));
+    return h;
+  };
+  auto note = [hashes, at_issue] { *at_issue = hashes(); };
+  if (b->captured) s.captured.push_back({note, false});  // at the place of its issue in the replay
+  else note();
+  b->pending.push_back({b->issued++, [work = std::move(work), compared, hashes, at_issue, call] {
+                          State& s = state();
+                          ++s.counts.on_branches;
+                          const std::vector<uint64_t> now = hashes();
+                          for (size_t i = 0; i < now.size() && s.sticky_error == cudaSuccess; ++i)
+                            if (now[i] != (*at_issue)[i])
+                              return (void)fail_sticky(call + " on a stream forked from another: its " + compared[i].name +
+                                                       " changed between the call's issue and its run (work on another stream "
+                                                       "wrote it without waiting for the call: a missing join, cudaStreamWaitEvent)");
+                          work();
+                        },
+                        writes, operands.empty()});
 }
 
 template <typename Kernel, typename Args> struct Launch {
@@ -992,6 +1109,8 @@ inline const char* cudaGetErrorName(cudaError_t e) {
     case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
     case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
     case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureUnjoined: return "cudaErrorStreamCaptureUnjoined";
+    case cudaErrorStreamCaptureIsolation: return "cudaErrorStreamCaptureIsolation";
     case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
   }
   return "cudaErrorUnknown";
@@ -1008,6 +1127,8 @@ inline const char* cudaGetErrorString(cudaError_t e) {
       {cudaErrorLaunchFailure, "unspecified launch failure"},
       {cudaErrorStreamCaptureUnsupported, "operation not permitted when stream is capturing"},
       {cudaErrorStreamCaptureInvalidated, "operation failed due to a previous error during capture"},
+      {cudaErrorStreamCaptureUnjoined, "capture was not joined back into the origin stream"},
+      {cudaErrorStreamCaptureIsolation, "dependency created on uncaptured work in another stream"},
       {cudaErrorStreamCaptureImplicit, "operation would make the legacy stream depend on a capturing blocking stream"},
   };
   thread_local std::string message;
@@ -1071,6 +1192,7 @@ template <typename T> cudaError_t cudaMalloc(T** p, size_t bytes) { return cudaM
 inline cudaError_t cudaFree(void* p) {
   emu::State& s = emu::state();
   if (s.capturing) return emu::refuse_in_capture("cudaFree");
+  emu::run_branches();  // cudaFree waits for the device
   if (!p) return emu_status();
   auto it = s.device_allocations.find((uintptr_t)p);
   if (it == s.device_allocations.end()) return emu::fail(cudaErrorInvalidValue, emu::format("cudaFree(%p): not a pointer cudaMalloc returned", p));
@@ -1141,6 +1263,7 @@ inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemc
   if (s.sticky_error != cudaSuccess) return s.sticky_error;
   if (s.capturing) return emu::refuse_in_capture("cudaMemcpy");
   if (const cudaError_t e = emu::check_copy(dst, src, bytes, kind, "cudaMemcpy")) return e;
+  emu::run_branches();
   emu::copy(dst, src, bytes, kind, "cudaMemcpy");  // checks again: cheap, and one path for both kinds of call
   return cudaSuccess;
 }
@@ -1157,6 +1280,7 @@ inline cudaError_t cudaMemset(void* p, int value, size_t bytes) {
   if (s.sticky_error != cudaSuccess) return s.sticky_error;
   if (s.capturing) return emu::refuse_in_capture("cudaMemset");
   if (const cudaError_t e = emu::check_set(p, bytes, "cudaMemset")) return e;
+  emu::run_branches();
   emu::set(p, value, bytes, "cudaMemset");
   return cudaSuccess;
 }
@@ -1168,14 +1292,18 @@ inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_
   emu::queue(stream, [=] { emu::set(p, value, bytes, "cudaMemsetAsync"); });
   return cudaSuccess;
 }
-inline cudaError_t cudaDeviceSynchronize() { return emu::state().capturing ? emu::refuse_in_capture("cudaDeviceSynchronize") : emu_status(); }
+inline cudaError_t cudaDeviceSynchronize() {
+  if (emu::state().capturing) return emu::refuse_in_capture("cudaDeviceSynchronize");
+  emu::run_branches();
+  return emu_status();
+}
 // As on a GPU: every allocation is released and every error, sticky ones too, is cleared.
 inline cudaError_t cudaDeviceReset() {
   emu::State& s = emu::state();
   for (auto& a : s.device_allocations) std::free((void*)a.first);
   for (auto& a : s.pinned_allocations) std::free((void*)a.first);
   s.device_allocations.clear(), s.pinned_allocations.clear(), s.shared_limit.clear(), s.counts = emu::Counts{};
-  s.capturing = nullptr, s.captured.clear(), s.capture_broken.clear();
+  s.capturing = nullptr, s.captured.clear(), s.capture_broken.clear(), s.branches.clear();
   s.last_error = s.sticky_error = cudaSuccess, s.sticky_detail.clear(), s.detail_of.clear();
   return cudaSuccess;
 }
@@ -1184,10 +1312,18 @@ inline cudaError_t cudaStreamCreate(cudaStream_t* stream) {
   return emu_status();
 }
 inline cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  if (emu::State::Branch* b = emu::branch_of(stream)) {  // its work still runs, as on a GPU
+    emu::join_branch(*b, b->issued);
+    emu::state().branches.erase(stream);
+  }
   delete stream;
   return emu_status();
 }
-inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return emu::state().capturing ? emu::refuse_in_capture("cudaStreamSynchronize") : emu_status(); }
+inline cudaError_t cudaStreamSynchronize(cudaStream_t) {
+  if (emu::state().capturing) return emu::refuse_in_capture("cudaStreamSynchronize");
+  emu::run_branches();
+  return emu_status();
+}
 inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) {
   *event = new CUevent_st;
   return emu_status();
@@ -1197,8 +1333,38 @@ inline cudaError_t cudaEventDestroy(cudaEvent_t event) {
   delete event;
   return emu_status();
 }
-inline cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t = nullptr) { return emu_status(); }
-inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return emu::state().capturing ? emu::refuse_in_capture("cudaEventSynchronize") : emu_status(); }
+inline cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = nullptr) {
+  if (!event) return emu::fail(cudaErrorInvalidValue, "cudaEventRecord: no event");
+  if (!emu::may_queue("cudaEventRecord", stream)) return emu::state().last_error;
+  if (!stream) emu::run_branches();
+  const emu::State::Branch* b = emu::branch_of(stream);
+  event->stream = stream, event->position = b ? b->issued : 0, event->recorded = true;
+  return emu_status();
+}
+inline cudaError_t cudaEventSynchronize(cudaEvent_t) {
+  if (emu::state().capturing) return emu::refuse_in_capture("cudaEventSynchronize");
+  emu::run_branches();
+  return emu_status();
+}
+// The stream's later work waits for the event's: on a branch's event, a join (its work before the event runs
+// first); on another stream's, a fork (the waiting stream becomes a branch; under a capture it joins it).
+inline cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags = 0) {
+  emu::State& s = emu::state();
+  if (s.sticky_error != cudaSuccess) return s.sticky_error;
+  if (!event || flags != 0) return emu::fail(cudaErrorInvalidValue, "cudaStreamWaitEvent: no event, or flags");
+  if (!event->recorded || event->stream == stream) return cudaSuccess;  // (CUDA's: an event not recorded is complete)
+  if (emu::State::Branch* from = emu::branch_of(event->stream)) {
+    if (emu::branch_of(stream)) return emu::fail(cudaErrorInvalidValue, "cudaStreamWaitEvent: a branch waiting on another branch is not emulated");
+    if (from->captured && stream != s.capturing)
+      return emu::fail(cudaErrorStreamCaptureIsolation, "cudaStreamWaitEvent: a stream outside the capture waits on one in it");
+    emu::join_branch(*from, event->position);
+    return emu_status();
+  }
+  if (!stream) return emu_status();  // the legacy stream runs everything at once
+  emu::State::Branch& b = s.branches[stream];
+  if (event->stream && event->stream == s.capturing) b.captured = true;
+  return emu_status();
+}
 
 // ---- stream capture and graphs (CUDA's global capture mode; the other modes are not emulated) ------------
 inline cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
@@ -1222,9 +1388,15 @@ inline cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph)
   *graph = nullptr;
   if (!s.capturing || stream != s.capturing) return emu::fail(cudaErrorInvalidValue, "cudaStreamEndCapture: the stream is not being captured");
   const std::string broken = s.capture_broken;
-  std::vector<std::function<void()>> nodes = std::move(s.captured);
+  size_t unjoined = 0;  // work of the branches in the capture that no join placed
+  for (auto& [branch, b] : s.branches)
+    if (b.captured) unjoined += b.pending.size(), b.pending.clear(), b.captured = false;
+  std::vector<EmuNode> nodes = std::move(s.captured);
   s.capturing = nullptr, s.captured.clear(), s.capture_broken.clear();
   if (!broken.empty()) return emu::fail(cudaErrorStreamCaptureInvalidated, "the capture was invalidated: " + broken);
+  if (unjoined)
+    return emu::fail(cudaErrorStreamCaptureUnjoined,
+                     emu::format("the capture ends with %zu calls of a stream forked from it not joined back (cudaStreamWaitEvent)", unjoined));
   *graph = new CUgraph_st{std::move(nodes)};
   return emu_status();
 }
@@ -1241,10 +1413,10 @@ inline cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
   if (s.capturing) return emu::refuse_in_capture("cudaGraphLaunch");
   ++s.counts.graph_launches;
   s.replaying = true;
-  for (const auto& node : exec->nodes) {
+  for (const EmuNode& node : exec->nodes) {
     if (s.sticky_error != cudaSuccess) break;
-    ++s.counts.graph_nodes;
-    node();
+    s.counts.graph_nodes += node.counted;
+    node.run();
   }
   s.replaying = false;
   return emu_status();
@@ -1391,8 +1563,16 @@ inline cublasStatus_t gemm(cublasHandle_t h, const char* call, cublasOperation_t
   const bool tf32 = h->math == CUBLAS_TF32_TENSOR_OP_MATH;
   const float al = *alpha, be = *beta;
   auto run = [=] { return state().sticky_error == cudaSuccess && product(call, at, bt, m, n, k, al, A, B, type, tf32, lda, ldb, be, C, c_bf16, ldc, count); };
-  if (!recording(h->stream)) return run() ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
-  queue(h->stream, [run] { run(); });
+  if (!defers(h->stream)) {
+    if (!h->stream) run_branches();
+    return run() ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
+  }
+  // a branch's call checks that its operands did not change before it ran (a missing join)
+  const size_t element = type == CUDA_R_16BF ? 2 : 4;
+  const auto span = [](int r, int c, int ld, size_t e) { return r == 0 || c == 0 ? 0 : ((size_t)(c - 1) * ld + r) * e; };
+  const size_t a_bytes = span(at ? k : m, at ? m : k, lda, element), b_bytes = span(bt ? n : k, bt ? k : n, ldb, element),
+               c_bytes = span(m, n, ldc, c_bf16 ? 2 : 4);
+  queue(h->stream, [run] { run(); }, {{"A", A, a_bytes, false}, {"B", B, b_bytes, false}, {"C", C, c_bytes, true}}, call);
   return CUBLAS_STATUS_SUCCESS;
 }
 }  // namespace emu

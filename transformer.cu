@@ -2057,19 +2057,101 @@ static cudaStream_t stream() {
   return s;
 }
 
+// The matrix products' precision (set_precision): fp32 until a program asks for another.
+static Precision& products() {
+  static Precision p = Precision::fp32;
+  return p;
+}
+// cuBLAS's math mode for a precision. TF32: SGEMM on the tensor cores. bf16: the default math, which leaves
+// cuBLAS free to choose tensor-core kernels for cublasGemmEx (pedantic math may not); an SGEMM there (a bias
+// gradient) is still fp32, as TF32 must be asked for. fp32: pedantic, the reference.
+static cublasMath_t math_mode(Precision p) {
+  return p == Precision::tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : p == Precision::bf16 ? CUBLAS_DEFAULT_MATH : CUBLAS_PEDANTIC_MATH;
+}
+// The cuBLAS handles made so far (set_precision sets their math mode).
+static std::vector<cublasHandle_t>& blas_handles() {
+  static std::vector<cublasHandle_t> v;
+  return v;
+}
+// A cuBLAS handle whose products go on the stream s, with a workspace of its own: cuBLAS then allocates
+// nothing while a step is captured (32 MiB, what cuBLAS's documentation asks for on Hopper; set after the
+// stream, which resets it); and two handles' products may run at once.
+static cublasHandle_t blas_on(cudaStream_t s) {
+  cublasHandle_t handle;
+  CUBLAS_CHECK(cublasCreate(&handle));
+  CUBLAS_CHECK(cublasSetMathMode(handle, math_mode(products())));
+  CUBLAS_CHECK(cublasSetStream(handle, s));
+  constexpr size_t kWorkspaceBytes = 32u << 20;
+  CUBLAS_CHECK(cublasSetWorkspace(handle, alloc_of<unsigned char>(kWorkspaceBytes), kWorkspaceBytes));
+  blas_handles().push_back(handle);
+  return handle;
+}
 static cublasHandle_t blas() {
-  static cublasHandle_t h = [] {
-    cublasHandle_t handle;
-    CUBLAS_CHECK(cublasCreate(&handle));
-    CUBLAS_CHECK(cublasSetMathMode(handle, CUBLAS_PEDANTIC_MATH));  // fp32 is the reference: no TF32
-    // On our stream, with a workspace of its own: cuBLAS then allocates nothing while a step is captured
-    // (32 MiB, what cuBLAS's documentation asks for on Hopper; set after the stream, which resets it).
-    CUBLAS_CHECK(cublasSetStream(handle, stream()));
-    constexpr size_t kWorkspaceBytes = 32u << 20;
-    CUBLAS_CHECK(cublasSetWorkspace(handle, alloc_of<unsigned char>(kWorkspaceBytes), kWorkspaceBytes));
-    return handle;
-  }();
+  static cublasHandle_t h = blas_on(stream());
   return h;
+}
+
+// ---- the weight gradients' products, on a stream of their own -------------------------------------------
+// A weight's gradient, dW += in^T @ d (a bias's, ones^T @ d), is read by nothing until the update, and the
+// backward's next ops (the input's gradient d @ W^T, then the sub-layers below) do not wait for it. So these
+// products go on a second stream (weight_gradient_product), where a GPU runs them beside the backward's
+// chain, in the SMs and the gaps that its ops leave idle; a captured step keeps the two branches in its
+// graph. Each product is forked from the main stream (it waits for the main stream's work so far, which
+// produced its operands); an op of the main stream that is to write bytes that such a product reads or
+// writes waits for that product first (wait_for_weight_grads: a scratch buffer reused by the next
+// sub-layer, the sub-layer gradient d_sub, the embedding's gradient that the loss's product also adds to),
+// and the backward's end waits for all of them (join_weight_grads). The emulated GPU runs each product as
+// late as these waits let it, and fails the product if its operands changed between its issue and its run.
+struct WeightGradStream {
+  cudaStream_t stream;
+  cublasHandle_t blas;
+  cudaEvent_t fork;                  // recorded on the main stream before each product
+  std::array<cudaEvent_t, 8> done;  // recorded after each product, in turn (a wait on one recorded again
+                                     // since waits for more: never too little)
+  size_t products = 0;               // products issued so far
+};
+static WeightGradStream& weight_grad_stream() {
+  static WeightGradStream w = [] {
+    WeightGradStream n;
+    CUDA_CHECK(cudaStreamCreate(&n.stream));  // blocking, as the main stream
+    n.blas = blas_on(n.stream);
+    CUDA_CHECK(cudaEventCreateWithFlags(&n.fork, cudaEventDisableTiming));
+    for (cudaEvent_t& e : n.done) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return n;
+  }();
+  return w;
+}
+// The spans of device memory that the products not yet waited for read or write, each with the event
+// recorded after its product.
+struct WeightGradSpan {
+  const char* p;
+  size_t bytes;
+  cudaEvent_t done;
+};
+static std::vector<WeightGradSpan>& weight_grad_spans() {
+  static std::vector<WeightGradSpan> v;
+  return v;
+}
+// Before the main stream writes the bytes at p: it waits for the products that read or write them.
+static void wait_for_weight_grads(const void* p, size_t bytes) {
+  std::vector<WeightGradSpan>& v = weight_grad_spans();
+  const char* b = static_cast<const char*>(p);
+  v.erase(std::remove_if(v.begin(), v.end(),
+                         [&](const WeightGradSpan& s) {
+                           if (!bytes || !s.bytes || b >= s.p + s.bytes || s.p >= b + bytes) return false;
+                           CUDA_CHECK(cudaStreamWaitEvent(stream(), s.done, 0));
+                           return true;
+                         }),
+          v.end());
+}
+// The main stream waits for every product issued so far (the backward's end; a captured step must join its
+// branch before its capture ends).
+static void join_weight_grads() {
+  std::vector<WeightGradSpan>& v = weight_grad_spans();
+  if (v.empty()) return;
+  const WeightGradStream& w = weight_grad_stream();
+  CUDA_CHECK(cudaStreamWaitEvent(stream(), w.done[(w.products - 1) % w.done.size()], 0));
+  v.clear();
 }
 // Whether the stream is being captured into a CUDA graph (GpuModel's training step).
 static bool capturing() {
@@ -2100,12 +2182,6 @@ template <typename F> static cudaGraphExec_t capture(F work) {
   CUDA_CHECK(e);
   return exec;
 }
-// The matrix products' precision (set_precision): fp32 until a program asks for another.
-static Precision& products() {
-  static Precision p = Precision::fp32;
-  return p;
-}
-
 float* alloc(size_t n) { return alloc_of<float>(n); }
 // Device doubles that the reductions write into (the loss and its token count; the gradient's squared
 // norm, a part per block), allocated once: no allocation, an implicit synchronisation, inside a training step.
@@ -2139,6 +2215,7 @@ static void check_launch() { CUDA_CHECK(cudaGetLastError()); }
 __global__ void fill_kernel(float* p, float value, size_t n) { GRID_STRIDE(i, n) p[i] = value; }
 void fill(float* p, float value, size_t n) {
   if (n == 0) return;
+  wait_for_weight_grads(p, n * sizeof(float));
   LAUNCH(fill_kernel, blocks_for(n), 256, 0, p, value, n);
 }
 
@@ -2319,6 +2396,12 @@ static bf16* bf16_twin_of(const float* p, size_t n, bool* alone = nullptr) {
   if (n > (size_t)(c->base + c->n - p)) throw std::logic_error("a producer writes past its output's bf16 twin");
   return c->copy + (p - c->base);
 }
+// Before a kernel of the main stream writes n floats at p, and their bf16 twin if they have one: it waits for
+// the weight gradients' products that read or write them.
+static void before_writing(const float* p, size_t n) {
+  wait_for_weight_grads(p, n * sizeof(float));
+  if (const bf16* twin = bf16_copy_of(p, n)) wait_for_weight_grads(twin, n * sizeof(bf16));
+}
 std::vector<float> bf16_copy(const float* p, size_t n) {
   const bf16* c = bf16_copy_of(p, n);
   if (!c) throw std::logic_error("bf16_copy: the elements have no bf16 copy or twin");
@@ -2338,6 +2421,7 @@ enum Slot { kLeft, kRight, kShared, kDqkv, kHidden, kDctx, kSlots };
 static bf16* bf16_scratch(Slot slot, size_t n) {
   static bf16* p[kSlots] = {};
   static size_t size[kSlots] = {};
+  wait_for_weight_grads(p[slot], size[slot] * sizeof(bf16));  // what is handed out is written
   if (n > size[slot]) {
     if (p[slot]) release(p[slot]);
     p[slot] = nullptr, size[slot] = 0;  // if the allocation fails
@@ -2382,25 +2466,50 @@ struct Result {
   Result(bf16* h) : h(h) {}
 };
 // Both operands in bf16: cublasGemmEx on the tensor cores, fp32 sums; otherwise SGEMM (fp32, or TF32 math).
+// On the main stream, unless a handle is given (the weight gradients' stream's: weight_gradient_product).
 static void gemm_operands(bool ta, bool tb, int M, int N, int K, Operand A, int lda, Operand B, int ldb, Result C, int ldc,
-                          bool accumulate, Batch batch = {}) {
+                          bool accumulate, Batch batch = {}, cublasHandle_t handle = nullptr) {
   if (M == 0 || N == 0) return;
   if (C.h && (!A.h || !B.h || accumulate)) throw std::logic_error("a product rounded to bf16 takes bf16 operands and writes its result");
   launch_deferred_fills();  // cuBLAS's kernels are not LAUNCH's
+  if (!handle) {
+    handle = blas();
+    const size_t c_extent = (size_t)(batch.count - 1) * batch.c + extent(M, N, ldc);
+    wait_for_weight_grads(C.h ? (const void*)C.h : C.f, c_extent * (C.h ? sizeof(bf16) : sizeof(float)));
+  }
   const float one = 1, beta = accumulate ? 1.f : 0.f;
   const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   if (A.h && B.h && batch.count == 1)
-    CUBLAS_CHECK(cublasGemmEx(blas(), opb, opa, N, M, K, &one, B.h, CUDA_R_16BF, ldb, A.h, CUDA_R_16BF, lda, &beta,
+    CUBLAS_CHECK(cublasGemmEx(handle, opb, opa, N, M, K, &one, B.h, CUDA_R_16BF, ldb, A.h, CUDA_R_16BF, lda, &beta,
                               C.h ? (void*)C.h : C.f, C.h ? CUDA_R_16BF : CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   else if (A.h && B.h)
-    CUBLAS_CHECK(cublasGemmStridedBatchedEx(blas(), opb, opa, N, M, K, &one, B.h, CUDA_R_16BF, ldb, batch.b, A.h, CUDA_R_16BF, lda,
+    CUBLAS_CHECK(cublasGemmStridedBatchedEx(handle, opb, opa, N, M, K, &one, B.h, CUDA_R_16BF, ldb, batch.b, A.h, CUDA_R_16BF, lda,
                                             batch.a, &beta, C.h ? (void*)C.h : C.f, C.h ? CUDA_R_16BF : CUDA_R_32F, ldc, batch.c,
                                             batch.count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   else if (batch.count == 1)
-    CUBLAS_CHECK(cublasSgemm(blas(), opb, opa, N, M, K, &one, B.f, ldb, A.f, lda, &beta, C.f, ldc));
+    CUBLAS_CHECK(cublasSgemm(handle, opb, opa, N, M, K, &one, B.f, ldb, A.f, lda, &beta, C.f, ldc));
   else
-    CUBLAS_CHECK(cublasSgemmStridedBatched(blas(), opb, opa, N, M, K, &one, B.f, ldb, batch.b, A.f, lda, batch.a, &beta, C.f, ldc,
+    CUBLAS_CHECK(cublasSgemmStridedBatched(handle, opb, opa, N, M, K, &one, B.f, ldb, batch.b, A.f, lda, batch.a, &beta, C.f, ldc,
                                            batch.c, batch.count));
+}
+// dW += op(A) op(B), a weight's gradient, on the weight gradients' stream: forked from the main stream
+// here; the spans of its operands and result noted for wait_for_weight_grads.
+static void weight_gradient_product(bool ta, bool tb, int M, int N, int K, Operand A, int lda, Operand B, int ldb, float* dw, int ldc,
+                                    Batch batch = {}) {
+  if (M == 0 || N == 0) return;
+  launch_deferred_fills();  // on the main stream, before the fork
+  WeightGradStream& w = weight_grad_stream();
+  CUDA_CHECK(cudaEventRecord(w.fork, stream()));
+  CUDA_CHECK(cudaStreamWaitEvent(w.stream, w.fork, 0));
+  gemm_operands(ta, tb, M, N, K, A, lda, B, ldb, dw, ldc, true, batch, w.blas);
+  const cudaEvent_t done = w.done[w.products++ % w.done.size()];
+  CUDA_CHECK(cudaEventRecord(done, w.stream));
+  const auto span = [&](const void* p, size_t elements, long long stride, size_t bytes) {
+    weight_grad_spans().push_back({(const char*)p, ((size_t)(batch.count - 1) * stride + elements) * bytes, done});
+  };
+  span(A.h ? (const void*)A.h : A.f, ta ? extent(K, M, lda) : extent(M, K, lda), batch.a, A.h ? sizeof(bf16) : sizeof(float));
+  span(B.h ? (const void*)B.h : B.f, tb ? extent(N, K, ldb) : extent(K, N, ldb), batch.b, B.h ? sizeof(bf16) : sizeof(float));
+  span(dw, extent(M, N, ldc), batch.c, sizeof(float));
 }
 void gemm(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc,
           bool accumulate) {
@@ -2425,7 +2534,7 @@ static void project(Result out, Operand in, const float* w, int M, int I, int O)
 // in must not be there).
 static void project_backward(Result din, bool add_din, float* dw, Operand d, Operand in, const float* w, int M, int I, int O) {
   if (din.f || din.h) gemm_operands(false, true, M, I, O, d, O, operand(w, (size_t)I * O, kRight), O, din, I, add_din);
-  if (dw) gemm_operands(true, false, I, O, M, in, I, d, O, dw, O, true);
+  if (dw) weight_gradient_product(true, false, I, O, M, in, I, d, O, dw, O);
 }
 // Projections of one input by weights that lie one after another (the parameter layout keeps an attention's
 // wq, wk and wv so), products of one shape: one strided-batched call, not one each.
@@ -2451,7 +2560,7 @@ static void project_batched(Result out, ptrdiff_t out_stride, Operand in, const 
 // elements the product reads: d's bf16 ones where it has them)
 static void weight_grads_batched(float* dw, ptrdiff_t dw_stride, Operand in, Operand d, ptrdiff_t d_stride, int count, int M, int I,
                                  int O) {
-  gemm_operands(true, false, I, O, M, in, I, d, O, dw, O, true, Batch{count, 0, d_stride, dw_stride});
+  weight_gradient_product(true, false, I, O, M, in, I, d, O, dw, O, Batch{count, 0, d_stride, dw_stride});
 }
 
 // The grid of a pass over a row-major (M, cols) matrix that gives a thread a column (the grid's x, blocks of
@@ -2495,7 +2604,7 @@ void linear_forward(float* out, const float* in, const float* w, const float* b,
 static void linear_backward(Result din, bool add_din, float* dw, float* db, Operand dout, const float* in, const float* w, int M,
                             int I, int O) {
   project_backward(din, add_din, dw, dout, dw ? operand(in, (size_t)M * I, kShared) : Operand{in, nullptr}, w, M, I, O);
-  if (db && M > 0) gemm_operands(false, false, 1, O, M, {ones(M), nullptr}, M, {dout.f, nullptr}, O, db, O, true);  // ones^T @ dout, fp32
+  if (db && M > 0) weight_gradient_product(false, false, 1, O, M, {ones(M), nullptr}, M, {dout.f, nullptr}, O, db, O);  // ones^T @ dout, fp32
 }
 void linear_backward(float* din, float* dw, float* db, const float* dout, const float* in, const float* w, int M, int I, int O) {
   linear_backward(din, true, dw, db, operand(dout, (size_t)M * O, kLeft), in, w, M, I, O);
@@ -2532,6 +2641,7 @@ void dropout_forward(float* out, const float* in, DropoutKey key, size_t n) {
 }
 void dropout_backward(float* din, const float* dout, DropoutKey key, size_t n) {
   if (n == 0) return;
+  before_writing(din, n);
   const bool add = !took_zero_fill(din, n);
   LAUNCH(dropout_backward_kernel, blocks_for(n), 256, 0, din, bf16_twin_of(din, n), dout, key, n, (float)dropout_scale(key), add);
 }
@@ -2559,6 +2669,7 @@ void embedding_forward(float* out, const int* ids, const float* emb, int B, int 
 }
 void embedding_backward(float* demb, const float* dout, const int* ids, int B, int L, int D) {
   const size_t n = (size_t)B * L * D;
+  wait_for_weight_grads(demb, sizeof(float));  // the loss's product, which adds to all of demb, from its first row
   LAUNCH(embedding_backward_kernel, blocks_for(n), 256, 0, demb, dout, ids, D, n);
 }
 
@@ -3286,6 +3397,7 @@ static void attention_backward(float* dq, float* dk, float* dv, bf16* dq16, bf16
                                const float* p, const In* q, const In* k, const In* v, DropoutKey drop, int B, int Lq, int Lk, int D,
                                int H) {
   if ((size_t)B * H * (Lq + Lk) == 0) return;
+  if (dq) before_writing(dq, (size_t)B * Lq * D), before_writing(dk, (size_t)B * Lk * D), before_writing(dv, (size_t)B * Lk * D);
   const int Dk = D / H;
   if (attention_on_tensor_cores(Dk) && Lk <= kAttentionTile) {
     const size_t bytes = one_key_tile_tensor_core_shared_bytes(Dk);
@@ -3648,6 +3760,7 @@ void residual_dropout_layernorm_forward(float* out, float* sum, float* mean, flo
 }
 void residual_dropout_backward(float* dx, float* dy, const float* dout, DropoutKey drop, size_t n) {
   if (n == 0) return;
+  before_writing(dx, n), before_writing(dy, n);
   const bool add_dx = !took_zero_fill(dx, n), add_dy = !took_zero_fill(dy, n);
   LAUNCH(residual_dropout_backward_kernel, blocks_for(n), 256, 0, dx, dy, bf16_twin_of(dy, n), dout, drop, (float)dropout_scale(drop), n,
          add_dx, add_dy);
@@ -3655,6 +3768,7 @@ void residual_dropout_backward(float* dx, float* dy, const float* dout, DropoutK
 void residual_dropout_layernorm_backward(float* dx, float* dy, float* dg, float* db, float*, const float* dout, const float* sum,
                                          const float* g, const float* mean, const float* rstd, DropoutKey drop, int M, int D) {
   if (M == 0) return;
+  before_writing(dx, (size_t)M * D), before_writing(dy, (size_t)M * D);
   const bool add_dx = !took_zero_fill(dx, (size_t)M * D), add_dy = !took_zero_fill(dy, (size_t)M * D);
   LAUNCH(residual_dropout_layernorm_backward_kernel, layernorm_backward_blocks(M), kWarpRowThreads,
          layernorm_backward_shared(residual_dropout_layernorm_backward_kernel, D), dx, dy,
@@ -3671,7 +3785,7 @@ void output_projection_backward(float* dy, float* demb, const float* dlogits, co
   const bool add_dy = !took_zero_fill(dy, (size_t)M * D);  // else written
   const Operand d = operand(dlogits, (size_t)M * V, kLeft);  // rounded once (bf16) for both products
   gemm_operands(false, false, M, D, V, d, V, operand(emb, (size_t)V * D, kRight), D, dy, D, add_dy);
-  gemm_operands(true, false, V, D, M, d, V, operand(y, (size_t)M * D, kRight), D, demb, D, true);
+  weight_gradient_product(true, false, V, D, M, d, V, operand(y, (size_t)M * D, kRight), D, demb, D);
 }
 
 // ---- §5.4 label-smoothed cross-entropy: softmax and loss fused, one warp per row --------------------
@@ -3993,6 +4107,7 @@ class GpuModel : public DeviceModel {
         throw;
       }
       gpu::launch_deferred_fills();  // a fill that no op took is launched within the backward (and its graph)
+      gpu::join_weight_grads();      // and the weight gradients' products are joined back
     };
     if (!graphed) return run(false);
     Graphs& g = graphs_of_shape();
@@ -4257,11 +4372,7 @@ void set_precision(Precision p) {
   const std::string flag = std::string("--precision ") + precision_name(p);
   if (!gpu_available()) throw std::runtime_error(flag + ": no GPU is present");
   if (p == Precision::bf16 && !gpu_has_bf16()) throw std::runtime_error(flag + ": this GPU has no bf16 tensor cores (before compute capability 8.0)");
-  // TF32: SGEMM on the tensor cores. bf16: the default math, which leaves cuBLAS free to choose tensor-core
-  // kernels for cublasGemmEx (pedantic math may not); an SGEMM there (a bias gradient) is still fp32, as
-  // TF32 must be asked for. fp32: pedantic, the reference.
-  CUBLAS_CHECK(cublasSetMathMode(gpu::blas(), p == Precision::tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
-                                            : p == Precision::bf16 ? CUBLAS_DEFAULT_MATH : CUBLAS_PEDANTIC_MATH));
+  for (cublasHandle_t h : gpu::blas_handles()) CUBLAS_CHECK(cublasSetMathMode(h, gpu::math_mode(p)));
   gpu::products() = p;
   ++gpu::graph_epoch();
 }

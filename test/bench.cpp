@@ -112,9 +112,9 @@ int main(int argc, char** argv) {
     for (auto& k : n.launches) launches += k.second;
     for (auto& k : n.blas_calls) blas += k.second;
     std::printf("COUNT config=%s precision=%s B=%d L=%d launches=%zu cublas=%zu to_device=%zu to_host=%zu on_device=%zu memsets=%zu "
-                "device_MiB=%.1f peak_MiB=%.1f graphs=%zu host_launches=%zu\n", config.c_str(), precision.c_str(), B, L, launches, blas,
-                n.to_device, n.to_host, n.on_device, n.memsets, n.device_bytes / 1048576.0, n.peak_device_bytes / 1048576.0,
-                n.graph_launches, launches - n.graph_kernels);
+                "device_MiB=%.1f peak_MiB=%.1f graphs=%zu host_launches=%zu weight_grad_stream=%zu\n", config.c_str(), precision.c_str(), B, L,
+                launches, blas, n.to_device, n.to_host, n.on_device, n.memsets, n.device_bytes / 1048576.0, n.peak_device_bytes / 1048576.0,
+                n.graph_launches, launches - n.graph_kernels, n.on_branches);
     for (auto& k : n.launches) std::printf("KERNEL %s=%zu\n", k.first.c_str(), k.second);
     for (auto& k : n.blas_calls) std::printf("KERNEL %s=%zu\n", k.first.c_str(), k.second);
     return 0;

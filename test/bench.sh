@@ -148,7 +148,7 @@ gpu_counts_rows() {
       out=$(CUDA_EMULATOR_DRY_RUN=1 ./build/grade/test/bench --count --config $config --precision $precision --batch 256 --len 32 |
             head -n 1)
       row "6. GPU work per training step, $config model, $precision, 256 x 32 tokens" \
-          "$(echo "$out" | field launches) kernels and $(echo "$out" | field cublas) cuBLAS calls, in $(echo "$out" | field graphs) CUDA graph launches and $(echo "$out" | field host_launches) kernels launched alone; $(echo "$out" | field to_host) device-to-host copies, $(echo "$out" | field peak_MiB) MiB"
+          "$(echo "$out" | field launches) kernels and $(echo "$out" | field cublas) cuBLAS calls ($(echo "$out" | field weight_grad_stream) of them on the weight gradients' stream), in $(echo "$out" | field graphs) CUDA graph launches and $(echo "$out" | field host_launches) kernels launched alone; $(echo "$out" | field to_host) device-to-host copies, $(echo "$out" | field peak_MiB) MiB"
     done
   done
 }

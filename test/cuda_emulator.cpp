@@ -33,7 +33,11 @@
 //     running them; a graph replays them in order, with kernel arguments and alpha/beta as captured and
 //     memory (device or pinned) as it is at the replay; the calls CUDA refuses under a capture (allocation,
 //     synchronous copies and synchronisation, work on the legacy stream, cuBLAS left on it) fail and
-//     invalidate it, and cudaStreamEndCapture then fails.
+//     invalidate it, and cudaStreamEndCapture then fails;
+//   - branches (a stream forked from another by an event): their products wait for the join or a
+//     synchronisation and then run in order; a product whose operand the main stream wrote before the join
+//     is an error, also when replayed from a graph; a capture joins its branch at the join, and one that ends
+//     with a branch not joined fails.
 #include "../cuda_emulator.h"
 
 #include <sys/wait.h>
@@ -935,6 +939,82 @@ int main() {
     cublasDestroy(blas);
     cudaFreeHost(pinned);
     cudaStreamDestroy(st);
+    cudaDeviceReset();
+  }
+  {  // a branch: a stream forked from another by an event, its work run as late as the joins let it
+    cudaStream_t main_st, side;
+    cudaStreamCreate(&main_st), cudaStreamCreate(&side);
+    cublasHandle_t blas;
+    cublasCreate(&blas);
+    cublasSetStream(blas, side);
+    cudaEvent_t fork, done;
+    cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+    float *x = device<float>(4), *c = device<float>(4), *c2 = device<float>(4);
+    const float zero = 0, one = 1;
+    const std::vector<float> xs = {1, 2, 3, 4};
+    const auto reset = [&] {
+      cudaMemcpy(x, xs.data(), 4 * sizeof(float), cudaMemcpyHostToDevice);
+      cudaMemset(c, 0, 4 * sizeof(float)), cudaMemset(c2, 0, 4 * sizeof(float));
+    };
+    // c = x x (2x2, column-major: c = {7, 10, 15, 22}); c2 = c x, which reads what the product before it writes
+    const auto products = [&] {
+      cudaEventRecord(fork, main_st);
+      cudaStreamWaitEvent(side, fork, 0);
+      cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, x, 2, x, 2, &zero, c, 2);
+      cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, c, 2, x, 2, &zero, c2, 2);
+      cudaEventRecord(done, side);
+    };
+    const std::vector<float> want_c = {7, 10, 15, 22}, want_c2 = {37, 54, 81, 118};
+    reset();
+    products();
+    ck.expect(std::vector<float>(c, c + 4) == std::vector<float>(4, 0.f), "branch: its products wait for their join (c[0] %g)", c[0]);
+    cudaStreamWaitEvent(main_st, done, 0);
+    ck.expect(std::vector<float>(c, c + 4) == want_c && std::vector<float>(c2, c2 + 4) == want_c2 && cudaGetLastError() == cudaSuccess,
+              "branch: the join runs them, in order (c2 reads c as the first product wrote it: c2[0] %g)", c2[0]);
+    reset();
+    products();
+    ck.expect(cudaDeviceSynchronize() == cudaSuccess && std::vector<float>(c2, c2 + 4) == want_c2, "branch: a synchronisation runs them too");
+    // the finding: work of the main stream writes an operand of the branch's product before the join
+    reset();
+    products();
+    cudaMemsetAsync(x, 0, sizeof(float), main_st);
+    cudaStreamWaitEvent(main_st, done, 0);
+    ck.expect(cudaGetLastError() == cudaErrorLaunchFailure && std::string(cudaGetErrorString(cudaErrorLaunchFailure)).find("its A changed") != std::string::npos,
+              "branch: a product whose operand the main stream wrote before the join is an error: %s", cudaGetErrorString(cudaErrorLaunchFailure));
+    cudaDeviceReset();  // (clears the sticky error, and the allocations)
+    x = device<float>(4), c = device<float>(4), c2 = device<float>(4);
+    cublasSetStream(blas, side);
+    // under a capture: the branch joins it, its nodes placed at the join; the finding at the replay
+    const auto captured = [&](bool write_x, bool join) {
+      cudaGraph_t g = nullptr;
+      cudaStreamBeginCapture(main_st, cudaStreamCaptureModeGlobal);
+      products();
+      if (write_x) cudaMemsetAsync(x, 0, sizeof(float), main_st);
+      if (join) cudaStreamWaitEvent(main_st, done, 0);
+      const cudaError_t e = cudaStreamEndCapture(main_st, &g);
+      return std::make_pair(e, g);
+    };
+    reset();
+    emu::reset_counts();
+    auto [e, g] = captured(false, true);
+    cudaGraphExec_t exec = nullptr;
+    ck.expect(e == cudaSuccess && g && cudaGraphInstantiate(&exec, g, 0) == cudaSuccess && cudaGraphLaunch(exec, main_st) == cudaSuccess &&
+                  cudaStreamSynchronize(main_st) == cudaSuccess && std::vector<float>(c2, c2 + 4) == want_c2,
+              "branch: captured, joined, replayed (c2[0] %g)", c2[0]);
+    ck.expect(emu::counts().graph_nodes == 2 && emu::counts().on_branches == 2, "branch: the replay ran 2 nodes, both the branch's (%zu, %zu)",
+              emu::counts().graph_nodes, emu::counts().on_branches);
+    cudaGraphExecDestroy(exec), cudaGraphDestroy(g);
+    std::tie(e, g) = captured(false, false);
+    ck.expect(e == cudaErrorStreamCaptureUnjoined && !g, "branch: a capture that ends with the branch not joined fails (%s)", cudaGetErrorName(e));
+    cudaGetLastError();
+    reset();
+    std::tie(e, g) = captured(true, true);
+    ck.expect(e == cudaSuccess && cudaGraphInstantiate(&exec, g, 0) == cudaSuccess && cudaGraphLaunch(exec, main_st) == cudaErrorLaunchFailure,
+              "branch: a replay in which the main stream writes a branch product's operand before the join fails");
+    cudaGraphExecDestroy(exec), cudaGraphDestroy(g);
+    cublasDestroy(blas);
+    cudaEventDestroy(fork), cudaEventDestroy(done);
+    cudaStreamDestroy(main_st), cudaStreamDestroy(side);
     cudaDeviceReset();
   }
   return ck.finish();

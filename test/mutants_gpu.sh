@@ -52,6 +52,14 @@ mutants=(
   "attention's bf16 tile loader stepping a head's rows by Dk, not D (the rows read as if they lay one after another)|reinterpret_cast<const Bf16x4*>(head + (size_t)row(i) * D + d)|reinterpret_cast<const Bf16x4*>(head + (size_t)row(i) * Dk + d)"
   "projections that write q, k and v in fp32 where the attention reads their bf16 twins (left stale)|return twin ? Result(twin) : Result(p);|return Result(p);"
   "a CUDA graph of the update that replays its capture's Adam step (staged only while captured)|*staged_adam = gpu::adam_step(lr, c.beta1, c.beta2, m.step);\n    const auto work = [&] {\n|const auto work = [&] {\n      *staged_adam = gpu::adam_step(lr, c.beta1, c.beta2, m.step);\n"
+  "the residual connection's backward writes d_sub while weight gradients' products that read it wait to run (its wait removed)|  before_writing(dx, (size_t)M * D), before_writing(dy, (size_t)M * D);\n|"
+  "a scratch buffer handed out to be written while a weight gradient's product still reads it (bf16_scratch's wait removed)|  wait_for_weight_grads(p[slot], size[slot] * sizeof(bf16));  // what is handed out is written\n|"
+  "a backward that ends with the weight gradients' products not joined back (the update reads them before they are added)|      gpu::join_weight_grads();      // and the weight gradients' products are joined back\n|"
+  "a weight gradient's product not forked from the main stream (it may run before the work that writes its operands)|  CUDA_CHECK(cudaStreamWaitEvent(w.stream, w.fork, 0));\n|"
+  "a product of the main stream that writes its result while a weight gradient's product still reads it|    wait_for_weight_grads(C.h ? (const void*)C.h : C.f, c_extent * (C.h ? sizeof(bf16) : sizeof(float)));\n|"
+  "a fill over what a weight gradient's product still reads|  if (n == 0) return;\n  wait_for_weight_grads(p, n * sizeof(float));\n|  if (n == 0) return;\n"
+  "attention's backward adding into dq, dk and dv (fp32) while a weight gradient's product still reads them|  if (dq) before_writing(dq, (size_t)B * Lq * D), before_writing(dk, (size_t)B * Lk * D), before_writing(dv, (size_t)B * Lk * D);\n|"
+  "the embedding's backward adding into demb before the loss's product has added its part|  wait_for_weight_grads(demb, sizeof(float));  // the loss's product, which adds to all of demb, from its first row\n|"
 )
 
 # build NAME ORIGINAL MUTATED: a parity_gpu binary in $work/NAME from the mutated copy

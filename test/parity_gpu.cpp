@@ -241,6 +241,15 @@ int main() {
     cpu::embedding_backward(demb.h.data(), dout.h.data(), ids.data(), B, Lq, D);
     gpu::embedding_backward(demb.d, dout.d, dids, B, Lq, D);
     rep.same(demb, "embedding_backward");
+    // the loss's product adds to demb on the weight gradients' stream; the embedding's backward, right after
+    // it with no synchronisation between, adds to demb too: it must wait for the product
+    Rand own{7};  // (draws of their own: the later tests' draws stay as they were)
+    Buf dlogits(own.vec((size_t)M * V)), y(own.vec((size_t)M * D)), dy(zeros((size_t)M * D));
+    cpu::output_projection_backward(dy.h.data(), demb.h.data(), dlogits.h.data(), y.h.data(), emb.h.data(), M, D, V);
+    gpu::output_projection_backward(dy.d, demb.d, dlogits.d, y.d, emb.d, M, D, V);
+    cpu::embedding_backward(demb.h.data(), dout.h.data(), ids.data(), B, Lq, D);
+    gpu::embedding_backward(demb.d, dout.d, dids, B, Lq, D);
+    rep.same(demb, "embedding_backward after the loss's product");
     gpu::release(dids);
   }
 
@@ -271,6 +280,42 @@ int main() {
     rep.same(din, "linear_backward din");
     rep.same(dw, "linear_backward dw");
     rep.same(db, "linear_backward db");
+  }
+
+  // The weight gradients' products (linear_backward's dw and db) run on a stream of their own, and the emulated
+  // GPU runs them as late as the main stream's waits let it (a product whose operands changed before it ran is
+  // an error). Each op below overwrites an operand of theirs right after them, with no synchronisation between:
+  // it must wait for them, and they must give the gradients of the operands as they were.
+  {
+    const size_t n = (size_t)M * D;
+    Rand own{8};  // (draws of their own: the later tests' draws stay as they were)
+    Buf w(own.vec((size_t)D * D)), x(own.vec(n)), y(own.vec(n)), dx(zeros(n)), dy(zeros(n)), p(own.vec((size_t)B * H * Lq * Lq, 0, 1)),
+        mean(own.vec(M)), rstd(own.vec(M, 1, 2)), g(own.vec(D)), dgs(zeros(D)), dbs(zeros(D));
+    const auto overwritten = [&](const std::string& what, auto overwrite) {
+      Buf in(own.vec(n)), dout(own.vec(n)), din(zeros(n)), dw(own.vec((size_t)D * D)), db(own.vec(D));
+#ifdef TRANSFORMER_EMULATED_GPU
+      const size_t before = emu::counts().on_branches;
+#endif
+      cpu::linear_backward(din.h.data(), dw.h.data(), db.h.data(), dout.h.data(), in.h.data(), w.h.data(), M, D, D);
+      gpu::linear_backward(din.d, dw.d, db.d, dout.d, in.d, w.d, M, D, D);
+      overwrite(in.d, dout.d);
+      rep.same(dw, "weight gradients' stream: dw, then " + what);
+      rep.same(db, "weight gradients' stream: db, then " + what);
+#ifdef TRANSFORMER_EMULATED_GPU
+      ck.expect(emu::counts().on_branches == before + 2, "weight gradients' stream: dw's and db's products ran on it (emulated)");
+#endif
+    };
+    overwritten("a product over dout", [&](float* in, float* dout) { gpu::gemm(false, false, M, D, D, in, D, w.d, D, dout, D, false); });
+    overwritten("a fill of in", [&](float* in, float*) { gpu::fill(in, 0, n); });
+    overwritten("dropout_backward adding into dout", [&](float*, float* dout) { gpu::dropout_backward(dout, x.d, drop, n); });
+    overwritten("the residual's backward adding into dout (dy)",
+                [&](float*, float* dout) { gpu::residual_dropout_backward(dx.d, dout, x.d, drop, n); });
+    overwritten("the residual + LayerNorm backward adding into dout (dy)", [&](float*, float* dout) {
+      gpu::residual_dropout_layernorm_backward(dx.d, dout, dgs.d, dbs.d, nullptr, x.d, x.d, g.d, mean.d, rstd.d, drop, M, D);
+    });
+    overwritten("attention_backward adding into in (dq)", [&](float* in, float*) {
+      gpu::attention_backward(in, dx.d, dy.d, y.d, p.d, x.d, x.d, x.d, none, B, Lq, Lq, D, H);
+    });
   }
 
   // attention: padding mask with a fully masked sentence, causal mask, dropout on the weights; head dimension 4
