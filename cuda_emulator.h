@@ -25,12 +25,15 @@
 //   - streams run their work at once, unless one is being captured: its launches, async copies, memsets
 //     and cuBLAS calls become a graph's nodes, replayed by cudaGraphLaunch; an allocation, a synchronising
 //     call or work on the legacy stream during a capture fails and invalidates it, as CUDA's global mode does;
-//   - a stream forked from another (a branch: it waited on an event that a stream not itself a branch
-//     recorded) runs its work as late as the program lets it: when a stream waits on an event the branch
-//     recorded after that work (a join), or at a synchronising call; under a capture it joins the capture,
-//     its nodes placed at their join, and a capture that ends with a branch's work not joined fails, as
-//     CUDA's does. A cuBLAS call on a branch checks, when it runs, that its operands (A, B and C) hold the
-//     bytes they held when it was issued: other work that wrote them in between is a missing join, an error;
+//   - a stream forked from another (a branch: before any work of its own, it waited on an event that a
+//     stream not itself a branch recorded) runs its work as late as the program lets it: when a stream waits
+//     on an event the branch recorded after that work (a join), or at a synchronising call; under a capture
+//     it joins the capture, its nodes placed at their join, and a capture that ends with a branch's work not
+//     joined fails, as CUDA's does (so does a captured stream's wait on an event from outside the capture).
+//     A cuBLAS call on a branch checks, when it runs, that its operands (A, B and C) hold the bytes they held
+//     when it was issued: other work that wrote them in between is a missing join, an error; and work of a
+//     branch issued after more work of the stream it was forked from than its fork waited for is an error
+//     (on a GPU it may run before that work: a missing fork), stricter than CUDA;
 // The order in which a block's threads run between two meeting points, and the order of the blocks, is
 // set by CUDA_EMULATOR_ORDER: inorder (default), reverse, or shuffle (reshuffled at every meeting point,
 // seeded by CUDA_EMULATOR_SEED): a missing __syncthreads or a race on shared memory gives another result
@@ -150,11 +153,12 @@ enum cudaMemcpyKind {
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 struct CUstream_st {};
 using cudaStream_t = CUstream_st*;
-// an event: the stream that recorded it last, and that stream's work before it (counted on a branch)
+// an event: the stream that recorded it last, that stream's work before it (a count), and whether it was
+// recorded in a capture (by a stream captured then)
 struct CUevent_st {
   cudaStream_t stream = nullptr;
   unsigned long long position = 0;
-  bool recorded = false;
+  bool recorded = false, captured = false;
 };
 using cudaEvent_t = CUevent_st*;
 constexpr unsigned cudaEventDefault = 0, cudaEventDisableTiming = 2;
@@ -341,19 +345,23 @@ struct State {
   std::string capture_broken;
   bool replaying = false;  // inside cudaGraphLaunch
   // the branches (streams forked from another): each one's work issued so far (its count), the work that
-  // waits for a join, and whether the branch joined the capture that is on
+  // waits for a join, whether the branch joined the capture that is on, and the stream it was last forked
+  // from with that stream's work issued by then
   struct BranchWork {
     unsigned long long seq;
     std::function<void()> run;
-    std::vector<Span> writes;        // what it writes, where it names it
-    bool writes_unknown;               // it names nothing: it may write anything
+    std::vector<Span> writes;  // what it writes, where it names it
+    bool writes_unknown;       // it names nothing: it may write anything
   };
   struct Branch {
     unsigned long long issued = 0;
     std::vector<BranchWork> pending;
     bool captured = false;
+    cudaStream_t origin = nullptr;
+    unsigned long long forked_at = 0;
   };
   std::map<cudaStream_t, Branch> branches;
+  std::map<cudaStream_t, unsigned long long> issued;  // work issued on each stream that is not a branch
 
   State() {
     const char* o = std::getenv("CUDA_EMULATOR_ORDER");
@@ -768,6 +776,16 @@ inline State::Branch* branch_of(cudaStream_t stream) {
 }
 // Whether the stream's work waits: recorded under a capture, or kept by a branch for its join.
 inline bool defers(cudaStream_t stream) { return stream && (stream == state().capturing || branch_of(stream)); }
+// Whether the stream's work is recorded into the capture that is on (the captured stream, or a branch of it).
+inline bool in_capture(cudaStream_t stream) {
+  const State::Branch* b = branch_of(stream);
+  return stream && (stream == state().capturing || (b && b->captured));
+}
+// The work issued on the stream so far.
+inline unsigned long long issued_on(cudaStream_t stream) {
+  const State::Branch* b = branch_of(stream);
+  return b ? b->issued : state().issued[stream];
+}
 // A join: the branch's work issued before `position` runs now, in order, or (the branch in the capture)
 // becomes the capture's next nodes.
 inline void join_branch(State::Branch& b, unsigned long long position) {
@@ -802,16 +820,24 @@ inline bool overlap(const Span& a, const Span& b) {
 // Runs the work now, records it when its stream is being captured, or keeps it for the branch's join. A
 // branch's call that names its operands (a cuBLAS call) checks when it runs that each holds the bytes it held
 // at the call's issue, unless earlier work of the branch, not run yet, may write it (work that names no
-// operands may write anything).
-inline void queue(cudaStream_t stream, std::function<void()> work, std::vector<Span> operands = {}, const std::string& call = "") {
+// operands may write anything). Work of a branch must come after its fork with no work of the stream it was
+// forked from in between: on a GPU it may run before that work, which the branch, run late here, would not
+// show. counted: whether it counts as work of a branch (a strided-batched call counts once).
+inline void queue(cudaStream_t stream, std::function<void()> work, std::vector<Span> operands = {}, const std::string& call = "",
+                  bool counted = true) {
   State& s = state();
   if (!stream) run_branches();  // the legacy stream waits for every other stream (created blocking)
   State::Branch* b = branch_of(stream);
   if (!b) {
+    ++s.issued[stream];
     if (defers(stream)) s.captured.push_back({std::move(work)});
     else work();
     return;
   }
+  if (issued_on(b->origin) != b->forked_at)
+    return (void)fail_sticky((call.empty() ? std::string("work") : call) +
+                             " on a stream forked from another, issued after more work of that stream than its fork waited "
+                             "for: on a GPU it may run before that work (fork it again: cudaEventRecord, cudaStreamWaitEvent)");
   std::vector<Span> compared;
   for (const Span& o : operands) {
     bool may_change = s.dry_run;  // (its results are garbage: nothing to compare)
@@ -831,9 +857,9 @@ inline void queue(cudaStream_t stream, std::function<void()> work, std::vector<S
   auto note = [hashes, at_issue] { *at_issue = hashes(); };
   if (b->captured) s.captured.push_back({note, false});  // at the place of its issue in the replay
   else note();
-  b->pending.push_back({b->issued++, [work = std::move(work), compared, hashes, at_issue, call] {
+  b->pending.push_back({b->issued++, [work = std::move(work), compared, hashes, at_issue, call, counted] {
                           State& s = state();
-                          ++s.counts.on_branches;
+                          s.counts.on_branches += counted;
                           const std::vector<uint64_t> now = hashes();
                           for (size_t i = 0; i < now.size() && s.sticky_error == cudaSuccess; ++i)
                             if (now[i] != (*at_issue)[i])
@@ -1303,7 +1329,7 @@ inline cudaError_t cudaDeviceReset() {
   for (auto& a : s.device_allocations) std::free((void*)a.first);
   for (auto& a : s.pinned_allocations) std::free((void*)a.first);
   s.device_allocations.clear(), s.pinned_allocations.clear(), s.shared_limit.clear(), s.counts = emu::Counts{};
-  s.capturing = nullptr, s.captured.clear(), s.capture_broken.clear(), s.branches.clear();
+  s.capturing = nullptr, s.captured.clear(), s.capture_broken.clear(), s.branches.clear(), s.issued.clear();
   s.last_error = s.sticky_error = cudaSuccess, s.sticky_detail.clear(), s.detail_of.clear();
   return cudaSuccess;
 }
@@ -1337,8 +1363,7 @@ inline cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = null
   if (!event) return emu::fail(cudaErrorInvalidValue, "cudaEventRecord: no event");
   if (!emu::may_queue("cudaEventRecord", stream)) return emu::state().last_error;
   if (!stream) emu::run_branches();
-  const emu::State::Branch* b = emu::branch_of(stream);
-  event->stream = stream, event->position = b ? b->issued : 0, event->recorded = true;
+  event->stream = stream, event->position = emu::issued_on(stream), event->recorded = true, event->captured = emu::in_capture(stream);
   return emu_status();
 }
 inline cudaError_t cudaEventSynchronize(cudaEvent_t) {
@@ -1347,12 +1372,16 @@ inline cudaError_t cudaEventSynchronize(cudaEvent_t) {
   return emu_status();
 }
 // The stream's later work waits for the event's: on a branch's event, a join (its work before the event runs
-// first); on another stream's, a fork (the waiting stream becomes a branch; under a capture it joins it).
+// first); on another stream's, a fork, where the waiting stream has issued no work of its own or is a branch
+// already (it becomes, or stays, a branch of that stream; under a capture it joins it); otherwise its work
+// ran at once, and the wait changes nothing. A captured stream may wait only on an event of the capture.
 inline cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags = 0) {
   emu::State& s = emu::state();
   if (s.sticky_error != cudaSuccess) return s.sticky_error;
   if (!event || flags != 0) return emu::fail(cudaErrorInvalidValue, "cudaStreamWaitEvent: no event, or flags");
   if (!event->recorded || event->stream == stream) return cudaSuccess;  // (CUDA's: an event not recorded is complete)
+  if (emu::in_capture(stream) && !event->captured)  // (invalidates the capture, as CUDA's does)
+    return emu::refuse_in_capture("cudaStreamWaitEvent on an event recorded outside the capture", cudaErrorStreamCaptureIsolation);
   if (emu::State::Branch* from = emu::branch_of(event->stream)) {
     if (emu::branch_of(stream)) return emu::fail(cudaErrorInvalidValue, "cudaStreamWaitEvent: a branch waiting on another branch is not emulated");
     if (from->captured && stream != s.capturing)
@@ -1361,8 +1390,12 @@ inline cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, u
     return emu_status();
   }
   if (!stream) return emu_status();  // the legacy stream runs everything at once
-  emu::State::Branch& b = s.branches[stream];
-  if (event->stream && event->stream == s.capturing) b.captured = true;
+  emu::State::Branch* b = emu::branch_of(stream);
+  if (!b && s.issued[stream] > 0) return emu_status();
+  if (!b) b = &s.branches[stream];
+  const bool joins_capture = event->stream && event->stream == s.capturing;
+  if (joins_capture && !b->captured) emu::join_branch(*b, b->issued);  // its work from before the capture is not the graph's
+  b->origin = event->stream, b->forked_at = event->position, b->captured = b->captured || joins_capture;
   return emu_status();
 }
 
@@ -1565,6 +1598,7 @@ inline cublasStatus_t gemm(cublasHandle_t h, const char* call, cublasOperation_t
   auto run = [=] { return state().sticky_error == cudaSuccess && product(call, at, bt, m, n, k, al, A, B, type, tf32, lda, ldb, be, C, c_bf16, ldc, count); };
   if (!defers(h->stream)) {
     if (!h->stream) run_branches();
+    ++state().issued[h->stream];
     return run() ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
   }
   // a branch's call checks that its operands did not change before it ran (a missing join)
@@ -1572,7 +1606,7 @@ inline cublasStatus_t gemm(cublasHandle_t h, const char* call, cublasOperation_t
   const auto span = [](int r, int c, int ld, size_t e) { return r == 0 || c == 0 ? 0 : ((size_t)(c - 1) * ld + r) * e; };
   const size_t a_bytes = span(at ? k : m, at ? m : k, lda, element), b_bytes = span(bt ? n : k, bt ? k : n, ldb, element),
                c_bytes = span(m, n, ldc, c_bf16 ? 2 : 4);
-  queue(h->stream, [run] { run(); }, {{"A", A, a_bytes, false}, {"B", B, b_bytes, false}, {"C", C, c_bytes, true}}, call);
+  queue(h->stream, [run] { run(); }, {{"A", A, a_bytes, false}, {"B", B, b_bytes, false}, {"C", C, c_bytes, true}}, call, count);
   return CUBLAS_STATUS_SUCCESS;
 }
 }  // namespace emu

@@ -2105,9 +2105,10 @@ static cublasHandle_t blas() {
 struct WeightGradStream {
   cudaStream_t stream;
   cublasHandle_t blas;
-  cudaEvent_t fork;                  // recorded on the main stream before each product
-  std::array<cudaEvent_t, 8> done;  // recorded after each product, in turn (a wait on one recorded again
-                                     // since waits for more: never too little)
+  cudaEvent_t fork;                    // recorded on the main stream before each product
+  std::array<cudaEvent_t, 256> done;  // recorded after each product, in turn (a wait on one recorded again
+                                       // since waits for more, never too little: the base model's step has
+                                       // 79 products)
   size_t products = 0;               // products issued so far
 };
 static WeightGradStream& weight_grad_stream() {
@@ -2144,14 +2145,16 @@ static void wait_for_weight_grads(const void* p, size_t bytes) {
                          }),
           v.end());
 }
+// After a synchronisation (or a synchronous copy, which waits for every stream), every product has run.
+static void weight_grads_done() { weight_grad_spans().clear(); }
 // The main stream waits for every product issued so far (the backward's end; a captured step must join its
 // branch before its capture ends).
 static void join_weight_grads() {
   std::vector<WeightGradSpan>& v = weight_grad_spans();
   if (v.empty()) return;
+  v.clear();
   const WeightGradStream& w = weight_grad_stream();
   CUDA_CHECK(cudaStreamWaitEvent(stream(), w.done[(w.products - 1) % w.done.size()], 0));
-  v.clear();
 }
 // Whether the stream is being captured into a CUDA graph (GpuModel's training step).
 static bool capturing() {
@@ -2198,12 +2201,16 @@ void release(void* p) { CUDA_CHECK(cudaFree(p)); }
 static void copy_bytes(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
   launch_deferred_fills();
   CUDA_CHECK(cudaMemcpy(dst, src, bytes, kind));
+  weight_grads_done();
 }
 void upload(float* dst, const float* src, size_t n) { copy_bytes(dst, src, n * sizeof(float), cudaMemcpyHostToDevice); }
 void upload(int* dst, const int* src, size_t n) { copy_bytes(dst, src, n * sizeof(int), cudaMemcpyHostToDevice); }
 void upload(uint8_t* dst, const uint8_t* src, size_t n) { copy_bytes(dst, src, n, cudaMemcpyHostToDevice); }
 void download(float* dst, const float* src, size_t n) { copy_bytes(dst, src, n * sizeof(float), cudaMemcpyDeviceToHost); }
-void synchronize() { CUDA_CHECK(cudaDeviceSynchronize()); }
+void synchronize() {
+  CUDA_CHECK(cudaDeviceSynchronize());
+  weight_grads_done();
+}
 
 // Blocks for a grid-stride loop over n elements: at least one (a grid of zero blocks fails to launch).
 static unsigned blocks_for(size_t n, unsigned threads = 256) {
@@ -4038,6 +4045,7 @@ class GpuModel : public DeviceModel {
     parameter_layout<float>(m.cfg, params, &W, nullptr);
     parameter_layout<float>(m.cfg, grads, &G, nullptr);
     gpu::keep_bf16_copy(params, n);  // read by the products in bf16 precision, kept current by Adam
+    gpu::weight_grad_stream();       // made now: its allocation would fail a capture
     dropout_step = (DropoutStep*)gpu::alloc_bytes(sizeof(DropoutStep));
     adam_step = (gpu::AdamStep*)gpu::alloc_bytes(sizeof(gpu::AdamStep));
     step_loss = (double*)gpu::alloc_bytes(sizeof(double));
@@ -4102,8 +4110,12 @@ class GpuModel : public DeviceModel {
     const auto run = [&](bool graph) {
       try {
         backward_pass<GpuOps>(pass(train, graph));
-      } catch (...) {  // no fill of this backward's waits for the next one's ops (or for a reallocated arena)
-        gpu::drop_deferred_fills();
+      } catch (...) {  // no fill of this backward's waits for the next one's ops (or for a reallocated arena), and
+        gpu::drop_deferred_fills();  // its weight gradients' products are joined (a capture then ends cleanly)
+        try {
+          gpu::join_weight_grads();
+        } catch (...) {  // (the backward's own error is the one to report)
+        }
         throw;
       }
       gpu::launch_deferred_fills();  // a fill that no op took is launched within the backward (and its graph)

@@ -36,8 +36,10 @@
 //     invalidate it, and cudaStreamEndCapture then fails;
 //   - branches (a stream forked from another by an event): their products wait for the join or a
 //     synchronisation and then run in order; a product whose operand the main stream wrote before the join
-//     is an error, also when replayed from a graph; a capture joins its branch at the join, and one that ends
-//     with a branch not joined fails.
+//     is an error, also when replayed from a graph, and so is one issued after more work of the main stream
+//     than its fork waited for; a wait does not fork a stream that has run work of its own; a capture joins its
+//     branch at the join (the branch's work from before it runs then, outside the graph), one that ends with a
+//     branch not joined fails, and a captured stream may not wait on an event recorded outside the capture.
 #include "../cuda_emulator.h"
 
 #include <sys/wait.h>
@@ -1012,6 +1014,48 @@ int main() {
     ck.expect(e == cudaSuccess && cudaGraphInstantiate(&exec, g, 0) == cudaSuccess && cudaGraphLaunch(exec, main_st) == cudaErrorLaunchFailure,
               "branch: a replay in which the main stream writes a branch product's operand before the join fails");
     cudaGraphExecDestroy(exec), cudaGraphDestroy(g);
+    cudaDeviceReset();
+    x = device<float>(4), c = device<float>(4), c2 = device<float>(4);
+    reset();
+    // a product of the branch issued after more work of the main stream than its fork waited for: refused
+    products();
+    cudaMemsetAsync(c, 0, sizeof(float), main_st);
+    cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, x, 2, x, 2, &zero, c, 2);
+    ck.expect(cudaStreamWaitEvent(main_st, done, 0) == cudaErrorLaunchFailure &&
+                  std::string(cudaGetErrorString(cudaErrorLaunchFailure)).find("than its fork waited for") != std::string::npos,
+              "branch: a call issued after the main stream's work since the fork is an error: %s", cudaGetErrorString(cudaErrorLaunchFailure));
+    cudaDeviceReset();
+    x = device<float>(4), c = device<float>(4), c2 = device<float>(4);
+    reset();
+    // a stream that has run work of its own is not forked by a wait: its work still runs at once
+    cudaStream_t other;
+    cudaStreamCreate(&other);
+    cudaMemsetAsync(c, 0, sizeof(float), other);
+    cudaEventRecord(fork, main_st);
+    cudaStreamWaitEvent(other, fork, 0);
+    cudaMemcpyAsync(c, x, sizeof(float), cudaMemcpyDeviceToDevice, other);
+    ck.expect(c[0] == 1, "branch: a wait does not fork a stream that has run work (c[0] %g)", c[0]);
+    cudaStreamDestroy(other);
+    // a branch's work from before a capture runs when the capture forks it, and is not the graph's
+    products();
+    cudaStreamBeginCapture(main_st, cudaStreamCaptureModeGlobal);
+    cudaEventRecord(fork, main_st);
+    cudaStreamWaitEvent(side, fork, 0);
+    ck.expect(std::vector<float>(c2, c2 + 4) == want_c2, "branch: its work from before a capture runs when the capture forks it");
+    cudaEventRecord(done, side);
+    cudaStreamWaitEvent(main_st, done, 0);
+    e = cudaStreamEndCapture(main_st, &g);
+    ck.expect(e == cudaSuccess && g && g->nodes.empty(), "branch: and is not the graph's (%s, %zu nodes)", cudaGetErrorName(e),
+              g ? g->nodes.size() : 0);
+    cudaGraphDestroy(g);
+    // a captured stream waits only on an event of the capture
+    cudaEventRecord(done, side);
+    cudaStreamBeginCapture(main_st, cudaStreamCaptureModeGlobal);
+    e = cudaStreamWaitEvent(main_st, done, 0);
+    ck.expect(e == cudaErrorStreamCaptureIsolation && cudaStreamEndCapture(main_st, &g) == cudaErrorStreamCaptureInvalidated && !g,
+              "branch: a captured stream waiting on an event recorded outside the capture fails (%s), and invalidates the capture",
+              cudaGetErrorName(e));
+    cudaGetLastError();
     cublasDestroy(blas);
     cudaEventDestroy(fork), cudaEventDestroy(done);
     cudaStreamDestroy(main_st), cudaStreamDestroy(side);
