@@ -1525,10 +1525,12 @@ inline cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t mode) {
 
 namespace emu {
 // A column-major operand of r rows and c columns with leading dimension ld, as a span of device memory.
+// Its bytes: from the first element to the last.
+inline size_t operand_bytes(size_t element, int r, int c, int ld) { return r == 0 || c == 0 ? 0 : ((size_t)(c - 1) * ld + r) * element; }
 inline bool operand_inside(const char* call, const char* name, const void* p, size_t element, int r, int c, int ld) {
   if (r == 0 || c == 0) return true;
   std::string why;
-  if (inside(state().device_allocations, p, ((size_t)(c - 1) * ld + r) * element, &why)) return true;
+  if (inside(state().device_allocations, p, operand_bytes(element, r, c, ld), &why)) return true;
   fail_sticky(format("%s: %s (%d x %d, ld %d): ", call, name, r, c, ld) + why);
   return false;
 }
@@ -1603,9 +1605,8 @@ inline cublasStatus_t gemm(cublasHandle_t h, const char* call, cublasOperation_t
   }
   // a branch's call checks that its operands did not change before it ran (a missing join)
   const size_t element = type == CUDA_R_16BF ? 2 : 4;
-  const auto span = [](int r, int c, int ld, size_t e) { return r == 0 || c == 0 ? 0 : ((size_t)(c - 1) * ld + r) * e; };
-  const size_t a_bytes = span(at ? k : m, at ? m : k, lda, element), b_bytes = span(bt ? n : k, bt ? k : n, ldb, element),
-               c_bytes = span(m, n, ldc, c_bf16 ? 2 : 4);
+  const size_t a_bytes = operand_bytes(element, at ? k : m, at ? m : k, lda), b_bytes = operand_bytes(element, bt ? n : k, bt ? k : n, ldb),
+               c_bytes = operand_bytes(c_bf16 ? 2 : 4, m, n, ldc);
   queue(h->stream, [run] { run(); }, {{"A", A, a_bytes, false}, {"B", B, b_bytes, false}, {"C", C, c_bytes, true}}, call, count);
   return CUBLAS_STATUS_SUCCESS;
 }

@@ -2461,6 +2461,8 @@ static size_t extent(int rows, int cols, int ld) { return rows == 0 || cols == 0
 struct Batch {
   int count = 1;
   long long a = 0, b = 0, c = 0;
+  // the elements that the batch's operands, each of `one` elements and `stride` after the one before, span
+  size_t extent(long long stride, size_t one) const { return (size_t)(count - 1) * stride + one; }
 };
 // Where a product's result goes: its fp32 elements, or only their bf16 rounding (h), for a result that only a
 // kernel of ours reads, as bf16 (the FFN's hidden units, forward and backward; attention's q, k, v and dctx):
@@ -2481,8 +2483,7 @@ static void gemm_operands(bool ta, bool tb, int M, int N, int K, Operand A, int 
   launch_deferred_fills();  // cuBLAS's kernels are not LAUNCH's
   if (!handle) {
     handle = blas();
-    const size_t c_extent = (size_t)(batch.count - 1) * batch.c + extent(M, N, ldc);
-    wait_for_weight_grads(C.h ? (const void*)C.h : C.f, c_extent * (C.h ? sizeof(bf16) : sizeof(float)));
+    wait_for_weight_grads(C.h ? (const void*)C.h : C.f, batch.extent(batch.c, extent(M, N, ldc)) * (C.h ? sizeof(bf16) : sizeof(float)));
   }
   const float one = 1, beta = accumulate ? 1.f : 0.f;
   const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -2512,7 +2513,7 @@ static void weight_gradient_product(bool ta, bool tb, int M, int N, int K, Opera
   const cudaEvent_t done = w.done[w.products++ % w.done.size()];
   CUDA_CHECK(cudaEventRecord(done, w.stream));
   const auto span = [&](const void* p, size_t elements, long long stride, size_t bytes) {
-    weight_grad_spans().push_back({(const char*)p, ((size_t)(batch.count - 1) * stride + elements) * bytes, done});
+    weight_grad_spans().push_back({(const char*)p, batch.extent(stride, elements) * bytes, done});
   };
   span(A.h ? (const void*)A.h : A.f, ta ? extent(K, M, lda) : extent(M, K, lda), batch.a, A.h ? sizeof(bf16) : sizeof(float));
   span(B.h ? (const void*)B.h : B.f, tb ? extent(N, K, ldb) : extent(K, N, ldb), batch.b, B.h ? sizeof(bf16) : sizeof(float));
