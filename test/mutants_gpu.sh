@@ -1,20 +1,25 @@
 #!/usr/bin/env bash
 # mutants_gpu: plants one bug at a time in a copy of transformer.cu, builds parity_gpu against the emulated
-# GPU (cuda_emulator.h; the mutated transformer.cu with ASan, the rest with ASan and UBSan) and shows that
-# the suite fails on each: the emulator and the parity test together must catch every bug of this list. Run
-# by `make mutants` (CI does).
+# GPU (cuda_emulator.h) and shows that the suite fails on each: the emulator and the parity test together
+# must catch every bug of this list. Run by `make mutants` (CI does).
 #   a mutant is caught when parity_gpu exits non-zero under the inorder or the reverse thread order
 #   (a failed check, an emulator finding, a sanitizer report); it survives when both pass. parity_gpu runs
 #   with CHECK_FAIL_FAST=1 (test/check.h): it stops at its first failed check, as that catches the mutant.
-# Mutants are built and run one a core. The unmutated build must pass (a control, run beside the first
-# mutants), and each mutant's original text must occur exactly once in transformer.cu, so that the check
-# cannot pass by mutating nothing. Exits non-zero if anything survives or cannot be planted.
-# Usage: mutants_gpu.sh CXX "MUTANT_CXXFLAGS" "EMU_CXXFLAGS" "EMU_LDLIBS" "OBJECTS"   (the Makefile passes its
-# own: a mutant's transformer.cu is compiled with the first flags and linked with the second; OBJECTS are the
-# emulated build's objects but transformer.o, and parity_gpu.o)
+#   Each mutant's transformer.cu is first built without a sanitizer (in 55% of the time of a build with
+#   AddressSanitizer, and it runs in 58% of the time): most bugs show as a wrong result or a refused call.
+#   One that passes there is built again with AddressSanitizer and run again: a write past a buffer's end
+#   may show only there.
+# Mutants are built and run one a core. The unmutated source must pass (the control, run beside the first
+# mutants; and with AddressSanitizer too, after them, where a mutant was caught only so), and each mutant's
+# original text must occur exactly once in transformer.cu, so that the check cannot pass by mutating
+# nothing. Exits non-zero if anything survives or cannot be planted.
+# Usage: mutants_gpu.sh CXX "MUTANT_CXXFLAGS" "ASAN_FLAGS" "EMU_CXXFLAGS" "EMU_LDLIBS" "OBJECTS"   (the
+# Makefile passes its own: a mutant's transformer.cu is compiled with the first flags, and the second added
+# for the second pass, and linked with the third and the fourth; OBJECTS are the emulated build's objects
+# but transformer.o, and parity_gpu.o, built with AddressSanitizer and UndefinedBehaviorSanitizer)
 set -u
 cd "$(dirname "$0")/.."
-cxx="$1" mutant_flags="$2" flags="$3" libs="$4" objs="$5"
+cxx="$1" mutant_flags="$2" asan_flags="$3" flags="$4" libs="$5" objs="$6"
 for o in $objs; do [ -f "$o" ] || { echo "mutants_gpu: $o is missing: run make emu first"; exit 2; }; done
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
@@ -63,11 +68,11 @@ mutants=(
   "the embedding's backward adding into demb before the loss's product has added its part|  wait_for_weight_grads(demb, sizeof(float));  // the loss's product, which adds to all of demb, from its first row\n|"
 )
 
-# build NAME ORIGINAL MUTATED: a parity_gpu binary in $work/NAME from the mutated copy
-build() {
+# plant NAME ORIGINAL MUTATED: the mutated copy of transformer.cu in $work/NAME
+plant() {
   local dir="$work/$1"
   mkdir -p "$dir"
-  python3 - "$2" "$3" "$dir/transformer.cu" <<'PY' || return 3
+  python3 - "$2" "$3" "$dir/transformer.cu" <<'PY'
 import sys
 orig, new = (a.encode().decode("unicode_escape") for a in sys.argv[1:3])
 out = sys.argv[3]
@@ -80,11 +85,28 @@ if orig:
     src = src.replace(orig, new)
 open(out, "w").write(src)
 PY
-  $cxx $mutant_flags -I. -x c++ -c "$dir/transformer.cu" -o "$dir/transformer.o" > "$dir/build.log" 2>&1 &&
+}
+
+# build NAME FLAGS...: $work/NAME/parity_gpu from the planted copy, its transformer.cu compiled with FLAGS
+build() {
+  local dir="$work/$1"
+  shift
+  $cxx "$@" -I. -x c++ -c "$dir/transformer.cu" -o "$dir/transformer.o" >> "$dir/build.log" 2>&1 &&
     $cxx $flags "$dir/transformer.o" $objs -o "$dir/parity_gpu" $libs >> "$dir/build.log" 2>&1
 }
 
-# run NAME: "caught by ORDER: why" or "survived"
+# judge NAME: "caught (ORDER order): why", "caught with AddressSanitizer (ORDER order): why" or "survived"
+judge() {
+  local result
+  build "$1" $mutant_flags && result="$(run "$1")" || return 3
+  if [ "$result" = survived ]; then
+    build "$1" $mutant_flags $asan_flags && result="$(run "$1")" || return 3
+    [ "$result" = survived ] || result="${result/caught/caught with AddressSanitizer}"
+  fi
+  echo "$result"
+}
+
+# run NAME: "caught (ORDER order): why" or "survived"
 run() {
   local dir="$work/$1" order
   for order in inorder reverse; do
@@ -100,14 +122,14 @@ run() {
     fi
   done
   echo "survived"
-  return 1
 }
 
 start=$SECONDS
 status=0
 cores=$(getconf _NPROCESSORS_ONLN)  # the emulated GPU runs a kernel's threads on one core: one job a core
-mkdir -p "$work/control" && cp build/emu/test/parity_gpu "$work/control/"  # make emu's build of the unmutated source
-(run control > "$work/control.result") &  # the control runs beside the first mutants; judged before them
+# the control: the unmutated source, built as the mutants are first (without a sanitizer)
+(plant control "" "" && build control $mutant_flags && result="$(run control)" || result="NOT BUILT"
+ echo "$result" > "$work/control.result") &
 running=1
 i=0
 for m in "${mutants[@]}"; do
@@ -115,21 +137,30 @@ for m in "${mutants[@]}"; do
   IFS='|' read -r name orig new <<< "$m"
   if [ $running -ge "$cores" ]; then wait -n; running=$((running - 1)); fi
   (t0=$SECONDS
-   if build "m$i" "$orig" "$new"; then result="$(run "m$i")"; else result="NOT PLANTED"; fi
+   if plant "m$i" "$orig" "$new" > "$work/m$i.plant"; then result="$(judge "m$i")" || result="NOT BUILT"
+   else result="NOT PLANTED"; fi
    echo "$result ($((SECONDS - t0)) s)" > "$work/m$i.result") &
   running=$((running + 1))
 done
 wait
 control="$(cat "$work/control.result")"
-if [ "$control" != "survived" ]; then echo "mutants_gpu: the unmutated parity_gpu fails: $control"; exit 2; fi
+if [ "$control" != survived ]; then echo "mutants_gpu: the unmutated parity_gpu fails: $control"; exit 2; fi
 echo "control (no mutation): parity_gpu passes under inorder and reverse"
+if grep -q "caught with AddressSanitizer" "$work"/m*.result; then  # and so must it where a mutant needed the sanitizer
+  build control $mutant_flags $asan_flags && control="$(run control)" || control="NOT BUILT"
+  if [ "$control" != survived ]; then echo "mutants_gpu: the unmutated parity_gpu fails with AddressSanitizer: $control"; exit 2; fi
+  echo "control (no mutation), with AddressSanitizer: parity_gpu passes under inorder and reverse"
+fi
 i=0
 for m in "${mutants[@]}"; do
   i=$((i + 1))
   IFS='|' read -r name orig new <<< "$m"
   result="$(cat "$work/m$i.result")"
   if [[ "$result" == "NOT PLANTED"* ]]; then
-    result="NOT PLANTED: $(tail -3 "$work/m$i/build.log" 2>/dev/null | tr '\n' ' ')"
+    result="NOT PLANTED: $(tr '\n' ' ' < "$work/m$i.plant")"
+    status=1
+  elif [[ "$result" == "NOT BUILT"* ]]; then
+    result="NOT BUILT: $(tail -3 "$work/m$i/build.log" 2>/dev/null | tr '\n' ' ')"
     status=1
   elif [[ "$result" == "survived"* ]]; then
     status=1
