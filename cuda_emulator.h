@@ -19,7 +19,7 @@
 //     collectives that every lane reaches with the same pointer (32-byte aligned) and ldm (a multiple of 4);
 //   - cuBLAS (cublasSgemm, cublasSgemmStridedBatched, cublasGemmEx and cublasGemmStridedBatchedEx on fp32 or
 //     bf16 operands) computes by cpu::gemm with cuBLAS's argument checks; TF32 math rounds fp32 operands as
-//     the tensor cores do;
+//     the tensor cores do; a test of error paths can make one call fail (fail_blas_call);
 //   - device allocations are separate host allocations filled with NaN bytes (AddressSanitizer sees an
 //     access past their end; a read of memory nothing wrote shows as NaN); copies must stay inside them;
 //   - streams run their work at once, unless one is being captured: its launches, async copies, memsets
@@ -29,7 +29,9 @@
 //     stream not itself a branch recorded) runs its work as late as the program lets it: when a stream waits
 //     on an event the branch recorded after that work (a join), or at a synchronising call; under a capture
 //     it joins the capture, its nodes placed at their join, and a capture that ends with a branch's work not
-//     joined fails, as CUDA's does (so does a captured stream's wait on an event from outside the capture).
+//     joined fails, as CUDA's does (so does a captured stream's wait on an event from outside the capture,
+//     and any stream's wait on an event recorded in a capture that has ended: the event stands for nodes of
+//     that capture's graph, not for work that ran).
 //     A cuBLAS call on a branch checks, when it runs, that its operands (A, B and C) hold the bytes they held
 //     when it was issued: other work that wrote them in between is a missing join, an error; and work of a
 //     branch issued after more work of the stream it was forked from than its fork waited for is an error
@@ -153,12 +155,13 @@ enum cudaMemcpyKind {
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 struct CUstream_st {};
 using cudaStream_t = CUstream_st*;
-// an event: the stream that recorded it last, that stream's work before it (a count), and whether it was
-// recorded in a capture (by a stream captured then)
+// an event: the stream that recorded it last, that stream's work before it (a count), and the capture it
+// was recorded in (by a stream captured then: the capture's number, from 1; 0 for none)
 struct CUevent_st {
   cudaStream_t stream = nullptr;
   unsigned long long position = 0;
-  bool recorded = false, captured = false;
+  bool recorded = false;
+  unsigned long long capture = 0;
 };
 using cudaEvent_t = CUevent_st*;
 constexpr unsigned cudaEventDefault = 0, cudaEventDisableTiming = 2;
@@ -338,9 +341,11 @@ struct State {
   std::mt19937_64 rng;
   unsigned timeout = 300;
   bool dry_run = false;
+  unsigned blas_failure_in = 0;  // cuBLAS calls left until the one that fails, counting it (fail_blas_call); 0: none
   // stream capture (cudaStreamBeginCapture): the stream whose work is recorded, not run; the nodes so far;
   // and why the capture is invalidated (empty while it is valid)
   cudaStream_t capturing = nullptr;
+  unsigned long long captures = 0;  // captures begun so far (the one on is the last)
   std::vector<EmuNode> captured;
   std::string capture_broken;
   bool replaying = false;  // inside cudaGraphLaunch
@@ -384,6 +389,10 @@ inline State& state() {
   return s;
 }
 inline Counts& counts() { return state().counts; }
+// A test of error paths: the n-th cuBLAS call issued from now on (a strided-batched call counts once) fails
+// at its issue with CUBLAS_STATUS_EXECUTION_FAILED, as a fault of the GPU would; the calls before and after
+// it run. 0 cancels it.
+inline void fail_blas_call(unsigned n) { state().blas_failure_in = n; }
 inline void reset_counts() {
   Counts& c = counts();
   c = Counts{{}, {}, 0, 0, 0, 0, c.device_bytes, c.device_bytes, 0, 0, 0, 0};
@@ -1363,7 +1372,8 @@ inline cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = null
   if (!event) return emu::fail(cudaErrorInvalidValue, "cudaEventRecord: no event");
   if (!emu::may_queue("cudaEventRecord", stream)) return emu::state().last_error;
   if (!stream) emu::run_branches();
-  event->stream = stream, event->position = emu::issued_on(stream), event->recorded = true, event->captured = emu::in_capture(stream);
+  event->stream = stream, event->position = emu::issued_on(stream), event->recorded = true;
+  event->capture = emu::in_capture(stream) ? emu::state().captures : 0;
   return emu_status();
 }
 inline cudaError_t cudaEventSynchronize(cudaEvent_t) {
@@ -1374,13 +1384,19 @@ inline cudaError_t cudaEventSynchronize(cudaEvent_t) {
 // The stream's later work waits for the event's: on a branch's event, a join (its work before the event runs
 // first); on another stream's, a fork, where the waiting stream has issued no work of its own or is a branch
 // already (it becomes, or stays, a branch of that stream; under a capture it joins it); otherwise its work
-// ran at once, and the wait changes nothing. A captured stream may wait only on an event of the capture.
+// ran at once, and the wait changes nothing. A captured stream may wait only on an event of its capture, and
+// no stream on an event of a capture that has ended.
 inline cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags = 0) {
   emu::State& s = emu::state();
   if (s.sticky_error != cudaSuccess) return s.sticky_error;
   if (!event || flags != 0) return emu::fail(cudaErrorInvalidValue, "cudaStreamWaitEvent: no event, or flags");
   if (!event->recorded || event->stream == stream) return cudaSuccess;  // (CUDA's: an event not recorded is complete)
-  if (emu::in_capture(stream) && !event->captured)  // (invalidates the capture, as CUDA's does)
+  if (event->capture && !(s.capturing && event->capture == s.captures)) {  // an event of a capture that has ended
+    if (emu::in_capture(stream))
+      return emu::refuse_in_capture("cudaStreamWaitEvent on an event recorded in an earlier capture", cudaErrorStreamCaptureIsolation);
+    return emu::fail(cudaErrorStreamCaptureIsolation, "cudaStreamWaitEvent on an event recorded in a capture that has ended");
+  }
+  if (emu::in_capture(stream) && !event->capture)  // (invalidates the capture, as CUDA's does)
     return emu::refuse_in_capture("cudaStreamWaitEvent on an event recorded outside the capture", cudaErrorStreamCaptureIsolation);
   if (emu::State::Branch* from = emu::branch_of(event->stream)) {
     if (emu::branch_of(stream)) return emu::fail(cudaErrorInvalidValue, "cudaStreamWaitEvent: a branch waiting on another branch is not emulated");
@@ -1406,7 +1422,7 @@ inline cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCapture
   if (!stream) return emu::fail(cudaErrorStreamCaptureUnsupported, "cudaStreamBeginCapture: the legacy default stream cannot be captured");
   if (s.capturing) return emu::fail(cudaErrorInvalidValue, "cudaStreamBeginCapture: a capture is already on");
   if (mode != cudaStreamCaptureModeGlobal) return emu::fail(cudaErrorInvalidValue, "cudaStreamBeginCapture: only the global mode is emulated");
-  s.capturing = stream, s.captured.clear(), s.capture_broken.clear();
+  s.capturing = stream, ++s.captures, s.captured.clear(), s.capture_broken.clear();
   return cudaSuccess;
 }
 inline cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
@@ -1594,6 +1610,7 @@ inline cublasStatus_t gemm(cublasHandle_t h, const char* call, cublasOperation_t
       lda < std::max(1, at ? k : m) || ldb < std::max(1, bt ? n : k) || ldc < std::max(1, m))
     return CUBLAS_STATUS_INVALID_VALUE;
   if (state().sticky_error != cudaSuccess || !may_queue(call, h->stream)) return CUBLAS_STATUS_EXECUTION_FAILED;
+  if (unsigned& in = state().blas_failure_in; count && in && --in == 0) return CUBLAS_STATUS_EXECUTION_FAILED;  // fail_blas_call
   // the product runs when the stream gets to it, with alpha and beta as they are now (host pointer mode)
   const bool tf32 = h->math == CUBLAS_TF32_TENSOR_OP_MATH;
   const float al = *alpha, be = *beta;

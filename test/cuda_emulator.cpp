@@ -656,6 +656,25 @@ int main() {
     }
     float* d = device<float>(100);
     const float one = 1, zero = 0;
+    // an injected failure (fail_blas_call): the n-th call from now fails at its issue, the others run; a
+    // strided-batched call counts once
+    float* e = device<float>(4);
+    const float ones[4] = {1, 1, 1, 1};
+    cudaMemcpy(d, ones, sizeof ones, cudaMemcpyHostToDevice);
+    const auto product = [&] { return cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, d, 2, d, 2, &zero, e, 2); };
+    const auto batched = [&] {
+      return cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, d, 1, 1, d, 1, 1, &zero, e, 1, 1, 3);
+    };
+    emu::fail_blas_call(3);
+    const cublasStatus_t first = product(), second = batched();
+    cudaMemset(e, 0, 4 * sizeof(float));
+    const cublasStatus_t third = product(), fourth = product();
+    ck.expect(first == CUBLAS_STATUS_SUCCESS && second == CUBLAS_STATUS_SUCCESS && third == CUBLAS_STATUS_EXECUTION_FAILED &&
+                  fourth == CUBLAS_STATUS_SUCCESS && e[0] == 2 && cudaGetLastError() == cudaSuccess,
+              "fail_blas_call(3): the third call fails, the others run (statuses %d %d %d %d, e[0] %g)", first, second, third, fourth, e[0]);
+    emu::fail_blas_call(1);
+    emu::fail_blas_call(0);
+    ck.expect(product() == CUBLAS_STATUS_SUCCESS, "fail_blas_call(0) cancels the failure to come");
     ck.expect(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 4, 3, 2, &one, d, 3, d, 2, &zero, d, 4) == CUBLAS_STATUS_INVALID_VALUE,
               "cublasSgemm: lda 3 < m 4 is refused");
     ck.expect(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, 4, 3, 2, &one, d, 4, d, 2, &zero, d, 4) == CUBLAS_STATUS_INVALID_VALUE,
@@ -1054,6 +1073,26 @@ int main() {
     e = cudaStreamWaitEvent(main_st, done, 0);
     ck.expect(e == cudaErrorStreamCaptureIsolation && cudaStreamEndCapture(main_st, &g) == cudaErrorStreamCaptureInvalidated && !g,
               "branch: a captured stream waiting on an event recorded outside the capture fails (%s), and invalidates the capture",
+              cudaGetErrorName(e));
+    cudaGetLastError();
+    // an event recorded in a capture that has ended stands for nodes of its graph: no stream waits on it,
+    // outside a capture or in another
+    cudaStreamBeginCapture(main_st, cudaStreamCaptureModeGlobal);
+    cudaEventRecord(fork, main_st);
+    cudaStreamWaitEvent(side, fork, 0);
+    cudaEventRecord(done, side);
+    cudaStreamWaitEvent(main_st, done, 0);
+    e = cudaStreamEndCapture(main_st, &g);
+    ck.expect(e == cudaSuccess && g, "branch: a capture with a fork and its join (%s)", cudaGetErrorName(e));
+    cudaGraphDestroy(g);
+    e = cudaStreamWaitEvent(main_st, done, 0);
+    ck.expect(e == cudaErrorStreamCaptureIsolation, "branch: a stream waiting on an event of a capture that has ended fails (%s)",
+              cudaGetErrorName(e));
+    cudaGetLastError();
+    cudaStreamBeginCapture(main_st, cudaStreamCaptureModeGlobal);
+    e = cudaStreamWaitEvent(main_st, done, 0);
+    ck.expect(e == cudaErrorStreamCaptureIsolation && cudaStreamEndCapture(main_st, &g) == cudaErrorStreamCaptureInvalidated && !g,
+              "branch: a captured stream waiting on an event of an earlier capture fails (%s), and invalidates the capture",
               cudaGetErrorName(e));
     cudaGetLastError();
     cublasDestroy(blas);

@@ -66,6 +66,7 @@ mutants=(
   "a fill over what a weight gradient's product still reads|  if (n == 0) return;\n  wait_for_weight_grads(p, n * sizeof(float));\n|  if (n == 0) return;\n"
   "attention's backward adding into dq, dk and dv (fp32) while a weight gradient's product still reads them|  if (dq) before_writing(dq, (size_t)B * Lq * D), before_writing(dk, (size_t)B * Lk * D), before_writing(dv, (size_t)B * Lk * D);\n|"
   "the embedding's backward adding into demb before the loss's product has added its part|  wait_for_weight_grads(demb, sizeof(float));  // the loss's product, which adds to all of demb, from its first row\n|"
+  "a backward that throws with the weight gradients' products not joined back (the capture ends unjoined; its spans, stale, are waited for after)|        try {\n          gpu::join_weight_grads();\n        } catch (...) {  // (the backward's own error is the one to report)\n        }\n|"
 )
 
 # plant NAME ORIGINAL MUTATED: the mutated copy of transformer.cu in $work/NAME

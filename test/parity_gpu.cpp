@@ -971,6 +971,37 @@ int main() {
       lc = accumulate_gradients(on_cpu, two, {0, 1}, tokens), lg = accumulate_gradients(on_gpu, two, {0, 1}, tokens);
     std::printf("  %-44s loss %.7g vs %.7g (tol %.0e)\n", "CUDA graphs: a step of two batches vs CPU", lg, lc, kTol);
     ck.close(lg, lc, kTol, kTol * kFloor, "CUDA graphs: the loss of a step of two batches, summed on the device");
+#ifdef TRANSFORMER_EMULATED_GPU
+    // a captured backward that fails: a cuBLAS call fails (injected) while the backward is captured, after
+    // weight gradients' products were forked (the loss's, the last FFN's dW2 and db2). The backward throws
+    // that call's error, its products joined back so that the capture ends cleanly, and the model goes on:
+    // its backward captured again, then replayed, gives the CPU's loss and gradients.
+    Transformer<float> failing(c, 9), reference(c, 9);
+    transformer_to_device(failing, Device::cuda);
+    std::string error, after;
+    for (int k = 0; k < 4; ++k) {  // op by op, captured (and failed), captured, replayed
+      try {
+        zero_grad(failing);
+        lg = transformer_forward(failing, large, true);
+        if (k == 1) emu::fail_blas_call(6);
+        transformer_backward(failing, large, true);
+      } catch (const std::exception& x) {
+        (k == 1 ? error : after) = x.what();
+      }
+      emu::fail_blas_call(0);
+    }
+    zero_grad(reference);
+    lc = transformer_forward(reference, large, true);
+    transformer_backward(reference, large, true);
+    std::printf("  %-44s %s\n", "CUDA graphs: a captured backward that fails", error.c_str());
+    ck.expect(error.find("CUBLAS_STATUS_EXECUTION_FAILED") != std::string::npos,
+              "CUDA graphs: a captured backward whose cuBLAS call fails throws that call's error, not another (%s)", error.c_str());
+    ck.expect(after.empty(), "CUDA graphs: after a captured backward failed, the next passes fail too: %s", after.c_str());
+    ck.close(lg, lc, kTol, kTol * kFloor, "CUDA graphs: the loss after a captured backward failed");
+    transformer_download(failing);
+    for (size_t i = 0; i < reference.grads.size(); ++i)
+      ck.close(failing.grads[i], reference.grads[i], kTol, kTol * kFloor, "CUDA graphs: a gradient after a captured backward failed");
+#endif
   }
   // The rest compares the GPU with the CPU at the batch's own shape: op by op.
   set_cuda_graphs(false);
