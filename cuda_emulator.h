@@ -390,8 +390,8 @@ inline State& state() {
 }
 inline Counts& counts() { return state().counts; }
 // A test of error paths: the n-th cuBLAS call issued from now on (a strided-batched call counts once) fails
-// at its issue with CUBLAS_STATUS_EXECUTION_FAILED, as a fault of the GPU would; the calls before and after
-// it run. 0 cancels it.
+// at its issue with CUBLAS_STATUS_EXECUTION_FAILED, as a fault of the GPU would, and invalidates the capture
+// it is issued into; the calls before and after it run. 0 cancels it.
 inline void fail_blas_call(unsigned n) { state().blas_failure_in = n; }
 inline void reset_counts() {
   Counts& c = counts();
@@ -1390,12 +1390,13 @@ inline cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, u
   emu::State& s = emu::state();
   if (s.sticky_error != cudaSuccess) return s.sticky_error;
   if (!event || flags != 0) return emu::fail(cudaErrorInvalidValue, "cudaStreamWaitEvent: no event, or flags");
-  if (!event->recorded || event->stream == stream) return cudaSuccess;  // (CUDA's: an event not recorded is complete)
+  if (!event->recorded) return cudaSuccess;  // (CUDA's: an event not recorded is complete)
   if (event->capture && !(s.capturing && event->capture == s.captures)) {  // an event of a capture that has ended
     if (emu::in_capture(stream))
       return emu::refuse_in_capture("cudaStreamWaitEvent on an event recorded in an earlier capture", cudaErrorStreamCaptureIsolation);
     return emu::fail(cudaErrorStreamCaptureIsolation, "cudaStreamWaitEvent on an event recorded in a capture that has ended");
   }
+  if (event->stream == stream) return cudaSuccess;
   if (emu::in_capture(stream) && !event->capture)  // (invalidates the capture, as CUDA's does)
     return emu::refuse_in_capture("cudaStreamWaitEvent on an event recorded outside the capture", cudaErrorStreamCaptureIsolation);
   if (emu::State::Branch* from = emu::branch_of(event->stream)) {
@@ -1610,7 +1611,10 @@ inline cublasStatus_t gemm(cublasHandle_t h, const char* call, cublasOperation_t
       lda < std::max(1, at ? k : m) || ldb < std::max(1, bt ? n : k) || ldc < std::max(1, m))
     return CUBLAS_STATUS_INVALID_VALUE;
   if (state().sticky_error != cudaSuccess || !may_queue(call, h->stream)) return CUBLAS_STATUS_EXECUTION_FAILED;
-  if (unsigned& in = state().blas_failure_in; count && in && --in == 0) return CUBLAS_STATUS_EXECUTION_FAILED;  // fail_blas_call
+  if (unsigned& in = state().blas_failure_in; count && in && --in == 0) {  // fail_blas_call
+    if (in_capture(h->stream) && state().capture_broken.empty()) state().capture_broken = "an injected failure of " + std::string(call);
+    return CUBLAS_STATUS_EXECUTION_FAILED;
+  }
   // the product runs when the stream gets to it, with alpha and beta as they are now (host pointer mode)
   const bool tf32 = h->math == CUBLAS_TF32_TENSOR_OP_MATH;
   const float al = *alpha, be = *beta;

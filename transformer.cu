@@ -2176,6 +2176,7 @@ template <typename F> static cudaGraphExec_t capture(F work) {
   } catch (...) {
     cudaStreamEndCapture(stream(), &graph);  // ends the capture; the error is work's
     if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError();  // (the capture's own, left for the next check of a launch, would fail it)
     throw;
   }
   CUDA_CHECK(cudaStreamEndCapture(stream(), &graph));
@@ -4115,7 +4116,8 @@ class GpuModel : public DeviceModel {
         gpu::drop_deferred_fills();  // its weight gradients' products are joined (a capture then ends cleanly)
         try {
           gpu::join_weight_grads();
-        } catch (...) {  // (the backward's own error is the one to report)
+        } catch (...) {        // (the backward's own error is the one to report,
+          cudaGetLastError();  // and the join's is not left for the next check)
         }
         throw;
       }

@@ -1089,11 +1089,23 @@ int main() {
     ck.expect(e == cudaErrorStreamCaptureIsolation, "branch: a stream waiting on an event of a capture that has ended fails (%s)",
               cudaGetErrorName(e));
     cudaGetLastError();
+    e = cudaStreamWaitEvent(main_st, fork, 0);
+    ck.expect(e == cudaErrorStreamCaptureIsolation, "branch: so does its wait on its own event of that capture (%s)", cudaGetErrorName(e));
+    cudaGetLastError();
     cudaStreamBeginCapture(main_st, cudaStreamCaptureModeGlobal);
     e = cudaStreamWaitEvent(main_st, done, 0);
     ck.expect(e == cudaErrorStreamCaptureIsolation && cudaStreamEndCapture(main_st, &g) == cudaErrorStreamCaptureInvalidated && !g,
               "branch: a captured stream waiting on an event of an earlier capture fails (%s), and invalidates the capture",
               cudaGetErrorName(e));
+    cudaGetLastError();
+    // an injected cuBLAS failure invalidates the capture it is issued into
+    cudaStreamBeginCapture(main_st, cudaStreamCaptureModeGlobal);
+    cublasSetStream(blas, main_st);
+    emu::fail_blas_call(1);
+    const cublasStatus_t failed = cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, x, 2, x, 2, &zero, c, 2);
+    e = cudaStreamEndCapture(main_st, &g);
+    ck.expect(failed == CUBLAS_STATUS_EXECUTION_FAILED && e == cudaErrorStreamCaptureInvalidated && !g,
+              "fail_blas_call: a captured call that fails invalidates the capture (%d, %s)", failed, cudaGetErrorName(e));
     cudaGetLastError();
     cublasDestroy(blas);
     cudaEventDestroy(fork), cudaEventDestroy(done);

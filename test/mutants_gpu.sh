@@ -66,7 +66,8 @@ mutants=(
   "a fill over what a weight gradient's product still reads|  if (n == 0) return;\n  wait_for_weight_grads(p, n * sizeof(float));\n|  if (n == 0) return;\n"
   "attention's backward adding into dq, dk and dv (fp32) while a weight gradient's product still reads them|  if (dq) before_writing(dq, (size_t)B * Lq * D), before_writing(dk, (size_t)B * Lk * D), before_writing(dv, (size_t)B * Lk * D);\n|"
   "the embedding's backward adding into demb before the loss's product has added its part|  wait_for_weight_grads(demb, sizeof(float));  // the loss's product, which adds to all of demb, from its first row\n|"
-  "a backward that throws with the weight gradients' products not joined back (the capture ends unjoined; its spans, stale, are waited for after)|        try {\n          gpu::join_weight_grads();\n        } catch (...) {  // (the backward's own error is the one to report)\n        }\n|"
+  "a backward that throws with the weight gradients' products not joined back (the capture ends unjoined; its spans, stale, are waited for after)|        try {\n          gpu::join_weight_grads();\n        } catch (...) {        // (the backward's own error is the one to report,\n          cudaGetLastError();  // and the join's is not left for the next check)\n        }\n|"
+  "a capture whose work threw leaving the capture's own error for the next check (a later pass fails on it)|    if (graph) cudaGraphDestroy(graph);\n    cudaGetLastError();  // (the capture's own, left for the next check of a launch, would fail it)\n|    if (graph) cudaGraphDestroy(graph);\n"
 )
 
 # plant NAME ORIGINAL MUTATED: the mutated copy of transformer.cu in $work/NAME
@@ -163,8 +164,9 @@ for m in "${mutants[@]}"; do
   elif [[ "$result" == "NOT BUILT"* ]]; then
     result="NOT BUILT: $(tail -3 "$work/m$i/build.log" 2>/dev/null | tr '\n' ' ')"
     status=1
-  elif [[ "$result" == "survived"* ]]; then
+  elif [[ "$result" != "caught"* ]]; then  # survived, or no result at all (a job killed)
     status=1
+    [ -n "$result" ] || result="NO RESULT"
   fi
   printf '%-80s %s\n' "$name" "$result"
 done
