@@ -4113,7 +4113,7 @@ class GpuModel : public DeviceModel {
       try {
         backward_pass<GpuOps>(pass(train, graph));
       } catch (...) {  // no fill of this backward's waits for the next one's ops (or for a reallocated arena), and
-        gpu::drop_deferred_fills();  // its weight gradients' products are joined (a capture then ends cleanly)
+        gpu::drop_deferred_fills();  // its weight gradients' products are joined (a capture leaves none behind)
         try {
           gpu::join_weight_grads();
         } catch (...) {        // (the backward's own error is the one to report,

@@ -973,9 +973,10 @@ int main() {
     ck.close(lg, lc, kTol, kTol * kFloor, "CUDA graphs: the loss of a step of two batches, summed on the device");
 #ifdef TRANSFORMER_EMULATED_GPU
     // a captured backward that fails: a cuBLAS call fails (injected) while the backward is captured, after
-    // weight gradients' products were forked (the loss's, the last FFN's dW2 and db2). The backward throws
-    // that call's error, its products joined back so that the capture ends cleanly, and the model goes on:
-    // its backward captured again, then replayed, gives the CPU's loss and gradients.
+    // weight gradients' products were forked (the loss's, the last FFN's dW2 and db2); the failure
+    // invalidates the capture. The backward throws that call's error, its products joined back and the
+    // capture's own error cleared, and the model goes on: its backward captured again, then replayed, gives
+    // the CPU's loss and gradients.
     Transformer<float> failing(c, 9), reference(c, 9);
     transformer_to_device(failing, Device::cuda);
     std::string error, after;
