@@ -198,7 +198,11 @@ void gemm_with(GemmKernel which, bool ta, bool tb, int M, int N, int K, const fl
   const int row_panels = (M + MR - 1) / MR, kcmax = std::min(KC, K);
   float* apack = aspace.get((size_t)row_panels * MR * kcmax);
   float* bpack = packed ? nullptr : bspace.get((size_t)kcmax * ((std::min(NC, N) + NR - 1) / NR * NR));
-#pragma omp parallel if ((long)M * N * K > 100000)
+  // A team from a million multiply-adds (tens of microseconds here): waking a sleeping one costs about as
+  // much (OMP_WAIT_POLICY=passive), and a decoding step's products of 64 rows, 262,144 multiply-adds at
+  // d_model 64, ran slower in two threads than in one (a greedy decode of 500 number sentences took 3.65 s with
+  // them in two threads, 2.34 s in one)
+#pragma omp parallel if ((long)M * N * K > 1000000)
   for (int k0 = 0; k0 < K; k0 += KC) {
     const int kc = std::min(KC, K - k0);
     // row panel ip of op(A) holds op(A)(ip MR + r, k0 + k) at [(ip kc + k) MR + r], zero past row M

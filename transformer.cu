@@ -369,7 +369,9 @@ void attention_forward(T* ctx, T* p, const T* q, const T* k, const T* v, const u
   const int Dk = D / H;
   const T scale = T(1) / std::sqrt(T(Dk));
   const T keep_scale = T(dropout_scale(drop));
-#pragma omp parallel for collapse(2) schedule(static)
+  // a team only where the work pays for waking it (NOTES.md, "OpenMP on shared cores"): decoding's
+  // encoder-decoder attention is a call per source, of a few hundred multiply-adds
+#pragma omp parallel for collapse(2) schedule(static) if ((long)B * H * Lq * Lk * Dk > 100000)
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < H; ++h)
       for (int i = 0; i < Lq; ++i) {
@@ -423,7 +425,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dctx, const T* p, const T*
   const T scale = T(1) / std::sqrt(T(Dk));
   const T keep_scale = T(1.0 / (1.0 - drop.p));
   // Each (b, h) owns its columns of dq, dk, dv: no two threads write the same element.
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if ((long)B * H * Lq * Lk * Dk > 100000)
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < H; ++h) {
       static thread_local std::vector<T> scratch;  // this thread's: no allocation once it has grown
