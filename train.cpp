@@ -50,6 +50,7 @@ struct Options {
   int keep = -1, average = -1;     // 5 and 0 (none)
   long val_every = -1;       // steps; -1: once per epoch
   int val_sentences = -1;    // -1: all (number corpus), 500 (Multi30k)
+  int test_sentences = -1;   // -1: all
   int log_every = 1;
   int accumulate = -1;              // batches per rank whose gradients one optimizer step sums: 1 (4 in multi30k)
   double collective_timeout = 600;  // seconds a rank waits for the others in an all-reduce
@@ -108,6 +109,7 @@ void usage() {
       "                         (default none; 10 for multi30k)\n"
       "  --val-every N          steps between validations (default: once per epoch)\n"
       "  --val-sentences N      validation sentences decoded for BLEU (default all on numbers, 500 on Multi30k)\n"
+      "  --test-sentences N     test sentences decoded for BLEU at the end (default all; its loss is over all)\n"
       "  --log-every N          steps between lines of log.csv (default 1)\n"
       "  --quiet                no progress line\n"
       "  --batches-out FILE     write the model's shape and every batch trained on (token ids) to FILE, for\n"
@@ -180,6 +182,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--average") o.average = (int)to_long(a, value(), 1, 1000);
     else if (a == "--val-every") o.val_every = to_long(a, value(), 1, LONG_MAX);
     else if (a == "--val-sentences") o.val_sentences = (int)to_long(a, value(), 0, 10000000);
+    else if (a == "--test-sentences") o.test_sentences = (int)to_long(a, value(), 0, 10000000);
     else if (a == "--log-every") o.log_every = (int)to_long(a, value(), 1, 1000000);
     else if (a == "--quiet") o.quiet = true;
     else if (a == "--batches-out") o.batches_out = value();
@@ -396,9 +399,9 @@ struct Evaluation {
   int sentences = 0;
   // Exact match on the number corpus, whose German side is one word: BLEU's 2- to 4-grams do not exist
   // there, so its BLEU would be 0 by definition and is not measured (NaN); BLEU otherwise.
-  std::string summary() const {
+  std::string summary(const char* option) const {  // option: the one that chose how many are decoded
     char b[128];
-    if (sentences == 0) return "no sentences decoded (--val-sentences 0)";
+    if (sentences == 0) return std::string("no sentences decoded (") + option + " 0)";
     if (!std::isnan(exact)) std::snprintf(b, sizeof b, "exact match %.1f%% on %d sentences (greedy)", exact, sentences);
     else std::snprintf(b, sizeof b, "greedy BLEU %.2f on %d sentences", bleu, sentences);
     return b;
@@ -867,7 +870,7 @@ int main(int argc, char** argv) {
     row.val_loss = e.loss, row.val_bleu = e.bleu, row.val_exact = e.exact;
     note_validation(m.step, e.loss);
     if (tty) std::fprintf(stderr, "\r\033[K");
-    std::printf("validation at step %ld: loss %.4f, %s\n", m.step, e.loss, e.summary().c_str());
+    std::printf("validation at step %ld: loss %.4f, %s\n", m.step, e.loss, e.summary("--val-sentences").c_str());
     std::fflush(stdout);
   };
   // Every rank stops at the same step: rank 0's clock decides, and Ctrl-C on any rank stops them all.
@@ -1044,7 +1047,8 @@ int main(int argc, char** argv) {
       fail(e.what());
     }
   }
-  Evaluation e = evaluate(m, test, corpus.test, tok, o.batch_tokens, INT32_MAX, corpus.numbers);
-  std::printf("test: loss %.4f, %s\n", e.loss, e.summary().c_str());
+  Evaluation e = evaluate(m, test, corpus.test, tok, o.batch_tokens, o.test_sentences < 0 ? INT32_MAX : o.test_sentences,
+                          corpus.numbers);
+  std::printf("test: loss %.4f, %s\n", e.loss, e.summary("--test-sentences").c_str());
   return 0;
 }

@@ -34,7 +34,7 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0
 mpi=(mpirun --oversubscribe -np 2 -x OMP_NUM_THREADS -x OMP_WAIT_POLICY -x ASAN_OPTIONS)
 # warm-up 1000: Adam's first steps turn gradients at rounding level into full-size updates, so at a larger
 # learning rate two summation orders drift apart faster than 1e-6 in 10 steps (NOTES.md)
-common=(--data numbers --max-steps 10 --warmup 1000 --val-sentences 1 --quiet)
+common=(--data numbers --max-steps 10 --warmup 1000 --val-sentences 1 --test-sentences 1 --quiet)
 compare="$root/build/test/accumulate --compare"
 
 # the same loss, step by step, in two log.csv files: relative difference at most 1e-6

@@ -123,7 +123,7 @@ head -c 1000 run/model.bin > truncated.bin
 expect_error "truncated checkpoint" "truncated" "$translate" -m truncated.bin --vocab run/vocab.bpe
 echo "not a model" > foreign.bin
 expect_error "foreign file" "not a checkpoint" "$translate" -m foreign.bin --vocab run/vocab.bpe
-"$root/train" --data numbers --quiet --merges 20 --max-steps 1 --val-sentences 1 --out other > /dev/null 2>&1
+"$root/train" --data numbers --quiet --merges 20 --max-steps 1 --val-sentences 1 --test-sentences 1 --out other > /dev/null 2>&1
 expect_error "vocabulary of another model" "not the vocabulary" "$translate" "${m[@]}" --vocab other/vocab.bpe
 expect_error "--score without --ref" "--score needs --ref" "$translate" --score in.txt
 printf 'a\n' > one.txt
