@@ -200,8 +200,8 @@ void gemm_with(GemmKernel which, bool ta, bool tb, int M, int N, int K, const fl
   float* bpack = packed ? nullptr : bspace.get((size_t)kcmax * ((std::min(NC, N) + NR - 1) / NR * NR));
   // A team from a million multiply-adds (tens of microseconds here): waking a sleeping one costs about as
   // much (OMP_WAIT_POLICY=passive), and a decoding step's products of 64 rows, 262,144 multiply-adds at
-  // d_model 64, ran slower in two threads than in one (a greedy decode of 500 number sentences took 3.65 s with
-  // them in two threads, 2.34 s in one)
+  // d_model 64, ran slower in two threads than in one (a greedy decode of 500 number sentences, run one after
+  // the other: 3.65 s with them in two threads, 2.34 s in one; the FFN's, 1,048,576, still take two)
 #pragma omp parallel if ((long)M * N * K > 1000000)
   for (int k0 = 0; k0 < K; k0 += KC) {
     const int kc = std::min(KC, K - k0);

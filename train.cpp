@@ -109,7 +109,8 @@ void usage() {
       "                         (default none; 10 for multi30k)\n"
       "  --val-every N          steps between validations (default: once per epoch)\n"
       "  --val-sentences N      validation sentences decoded for BLEU (default all on numbers, 500 on Multi30k)\n"
-      "  --test-sentences N     test sentences decoded for BLEU at the end (default all; its loss is over all)\n"
+      "  --test-sentences N     test sentences decoded for BLEU at the end (default all; 0: none, the test loss\n"
+      "                         alone, which is always over all)\n"
       "  --log-every N          steps between lines of log.csv (default 1)\n"
       "  --quiet                no progress line\n"
       "  --batches-out FILE     write the model's shape and every batch trained on (token ids) to FILE, for\n"
@@ -1047,8 +1048,7 @@ int main(int argc, char** argv) {
       fail(e.what());
     }
   }
-  Evaluation e = evaluate(m, test, corpus.test, tok, o.batch_tokens, o.test_sentences < 0 ? INT32_MAX : o.test_sentences,
-                          corpus.numbers);
+  Evaluation e = evaluate(m, test, corpus.test, tok, o.batch_tokens, o.test_sentences, corpus.numbers);
   std::printf("test: loss %.4f, %s\n", e.loss, e.summary("--test-sentences").c_str());
   return 0;
 }

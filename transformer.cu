@@ -800,7 +800,7 @@ template <typename T> void clip_grad_norm(T* grads, size_t n, double max_norm) {
 // ---- §6 decoding's own operations --------------------------------------------------------------------
 
 template <typename T> void log_softmax(T* out, const T* logits, int M, int V) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((long)M * V > 100000)
   for (int r = 0; r < M; ++r) {
     const T* z = logits + (size_t)r * V;
     T* o = out + (size_t)r * V;
