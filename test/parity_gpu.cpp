@@ -1084,6 +1084,41 @@ int main() {
     }
     std::printf("  %-44s %d outputs differ\n", ("greedy and beam 3 (2-best) tokens" + tag).c_str(), differ);
     ck.expect(differ == 0, "greedy and beam tokens%s: %d outputs differ between the GPU and the CPU", tag.c_str(), differ);
+    // The sources in another order (lengths 9, 3, 7, 5): the second's beams end first, so some steps' rows leave
+    // a source of the range without rows, and its encoder-decoder attention is laid out by source with
+    // gathers (SourceLayout). Every step launches one attention a layer for every source (and one for
+    // self-attention), and the encoder one a layer: counted on the emulated GPU, whatever the sources' rows.
+    const std::vector<std::vector<int>> mixed = {src[3], src[0], src[2], src[1]};
+#ifdef TRANSFORMER_EMULATED_GPU
+    emu::reset_counts();
+#endif
+    const auto mc = beam_search(dec_cpu, mixed, opt), mg = beam_search(dec_gpu, mixed, opt);
+    int mixed_differ = 0;
+    for (size_t i = 0; i < mixed.size(); ++i)
+      for (size_t j = 0; j < mc[i].size(); ++j) {
+        mixed_differ += j >= mg[i].size() || mc[i][j].tokens != mg[i][j].tokens;
+        if (j < mg[i].size()) ck.close(mg[i][j].score, mc[i][j].score, 1e-4, 1e-4 * kFloor, ("beam_search score, sources reordered" + tag).c_str());
+      }
+    ck.expect(mixed_differ == 0, "beam tokens, sources reordered%s: %d outputs differ between the GPU and the CPU", tag.c_str(),
+              mixed_differ);
+#ifdef TRANSFORMER_EMULATED_GPU
+    size_t attention = 0, steps = 0, copies = 0;
+    for (const auto& [name, n] : emu::counts().launches) {
+      attention += name.rfind("attention_forward", 0) == 0 ? n : 0;
+      steps += name == "log_softmax_kernel" ? n : 0;
+      copies += name == "copy_rows_kernel" ? n : 0;
+    }
+    // a step appends to the self-attention caches (2 a layer) and, but for the last, reorders them (2 a layer):
+    // the copies past those are the layouts' gathers (2 a layer)
+    const size_t gathers = copies - 2 * c.N * (2 * steps - 1);
+    const size_t want = c.N + 2 * c.N * steps;
+    std::printf("  %-44s %zu steps, %zu attention launches (want %zu), %zu steps laid out by gathers\n",
+                ("beam 3, sources reordered" + tag).c_str(), steps, attention, want, gathers / (2 * c.N));
+    ck.expect(attention == want, "beam search%s: %zu attention launches in %zu steps of %d layers (want %zu: the encoder's, and 2 a layer and step)",
+              tag.c_str(), attention, steps, c.N, want);
+    ck.expect(gathers > 0 && gathers % (2 * c.N) == 0, "beam search%s: %zu copies past the caches' (want the gathers of some steps)",
+              tag.c_str(), gathers);
+#endif
   }
 
   // ---- attention on the tensor cores (TF32; --precision tf32 and bf16, Dk a multiple of 16) ------------------
