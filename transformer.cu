@@ -369,8 +369,8 @@ void attention_forward(T* ctx, T* p, const T* q, const T* k, const T* v, const u
   const int Dk = D / H;
   const T scale = T(1) / std::sqrt(T(Dk));
   const T keep_scale = T(dropout_scale(drop));
-  // a team only where the work pays for waking it (NOTES.md, "OpenMP on shared cores"): decoding's
-  // encoder-decoder attention is a call per source, of a few hundred multiply-adds
+  // a team only where the work pays for waking it (NOTES.md, "OpenMP on shared cores"): a decoding step's
+  // attention is a query a row, tens of thousands of multiply-adds at the number corpus's d_model 64
 #pragma omp parallel for collapse(2) schedule(static) if ((long)B * H * Lq * Lk * Dk > 100000)
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < H; ++h)
@@ -1514,16 +1514,16 @@ template <typename Ops, typename T> static void reorder_rows(DecoderCache<Ops, T
 struct SourceLayout {
   int first = 0, count = 0, slots = 0;
   bool direct = true;
-  std::vector<int> slot_row, row_slot;  // (count * slots), (R)
+  std::vector<int> slot_row, row_slot;  // (count * slots), (R); both empty where direct
 };
 static SourceLayout source_layout(const std::vector<int>& row_source, int R) {
+  if (R < 1 || (int)row_source.size() < R) throw std::logic_error("decoder_step: no rows, or rows without a source");
+  for (int r = 1; r < R; ++r)
+    if (row_source[r] < row_source[r - 1]) throw std::logic_error("decoder_step: rows not grouped by source in order");
   SourceLayout l;
   l.first = row_source[0], l.count = row_source[R - 1] - l.first + 1;
   std::vector<int> start(l.count + 1, 0);  // source first + i has the rows start[i] .. start[i + 1] - 1
-  for (int r = 0; r < R; ++r) {
-    if (r > 0 && row_source[r] < row_source[r - 1]) throw std::logic_error("decoder_step: rows not grouped by source in order");
-    ++start[row_source[r] - l.first + 1];
-  }
+  for (int r = 0; r < R; ++r) ++start[row_source[r] - l.first + 1];
   for (int i = 0; i < l.count; ++i) l.slots = std::max(l.slots, start[i + 1]), start[i + 1] += start[i];
   l.direct = R == l.count * l.slots;
   if (l.direct) return l;
@@ -1587,7 +1587,7 @@ static void decoder_step(const DecodingModel<T>& dm, DecoderCache<Ops, T>& k, co
     });
     cur = 1 - cur;
     // [§3.2.3] encoder-decoder attention against the keys and values computed once per source: a source's
-    // rows are its queries, one attention for every source (SourceLayout)
+    // rows are its queries, one attention for all the sources (SourceLayout)
     SublayerActs<T> cross = acts(cur);
     sublayer_connection_forward<Ops>(cross, self.out, w.ln2, c, none, R, [&](const T* in, T* y) {
       Ops::linear_forward(k.q.data(), in, w.cross.wq, (const T*)nullptr, R, D, D);
@@ -1597,9 +1597,9 @@ static void decoder_step(const DecodingModel<T>& dm, DecoderCache<Ops, T>& k, co
         Ops::copy_rows(k.q_by_source.data(), (size_t)D, q, (size_t)D, slot_row, (int)by_source.slot_row.size(), (size_t)D);
         q = k.q_by_source.data(), ctx = k.ctx_by_source.data();
       }
-      const size_t first = (size_t)by_source.first * k.S;
-      Ops::attention_forward(ctx, k.p.data(), q, k.cross_k[l].data() + first * D, k.cross_v[l].data() + first * D,
-                             k.src_valid.data() + first, false, none, by_source.count, by_source.slots, k.S, D, H);
+      const size_t first_key = (size_t)by_source.first * k.S;  // the first source's first key position
+      Ops::attention_forward(ctx, k.p.data(), q, k.cross_k[l].data() + first_key * D, k.cross_v[l].data() + first_key * D,
+                             k.src_valid.data() + first_key, false, none, by_source.count, by_source.slots, k.S, D, H);
       if (!by_source.direct) Ops::copy_rows(k.ctx.data(), (size_t)D, ctx, (size_t)D, row_slot, R, (size_t)D);
       Ops::linear_forward(y, k.ctx.data(), w.cross.wo, (const T*)nullptr, R, D, D);
     });

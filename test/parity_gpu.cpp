@@ -1084,10 +1084,11 @@ int main() {
     }
     std::printf("  %-44s %d outputs differ\n", ("greedy and beam 3 (2-best) tokens" + tag).c_str(), differ);
     ck.expect(differ == 0, "greedy and beam tokens%s: %d outputs differ between the GPU and the CPU", tag.c_str(), differ);
-    // The sources in another order (lengths 9, 3, 7, 5): the second's beams end first, so some steps' rows leave
-    // a source of the range without rows, and its encoder-decoder attention is laid out by source with
-    // gathers (SourceLayout). Every step launches one attention a layer for every source (and one for
-    // self-attention), and the encoder one a layer: counted on the emulated GPU, whatever the sources' rows.
+    // The sources in another order (lengths 9, 3, 7, 5, so output limits 15, 9, 13, 11): sentences whose
+    // beams end or fall below 3 in the middle of the range leave rows that do not lie by source, and the
+    // encoder-decoder attention gathers them (SourceLayout). Every step launches one attention a layer for
+    // all the sources (and one for self-attention), and the encoder one a layer: counted on the emulated
+    // GPU, whatever the sources' rows.
     const std::vector<std::vector<int>> mixed = {src[3], src[0], src[2], src[1]};
 #ifdef TRANSFORMER_EMULATED_GPU
     emu::reset_counts();
@@ -1110,13 +1111,13 @@ int main() {
     }
     // a step appends to the self-attention caches (2 a layer) and, but for the last, reorders them (2 a layer):
     // the copies past those are the layouts' gathers (2 a layer)
-    const size_t gathers = copies - 2 * c.N * (2 * steps - 1);
+    const long gathers = (long)copies - 2L * c.N * (2 * (long)steps - 1);
     const size_t want = c.N + 2 * c.N * steps;
-    std::printf("  %-44s %zu steps, %zu attention launches (want %zu), %zu steps laid out by gathers\n",
-                ("beam 3, sources reordered" + tag).c_str(), steps, attention, want, gathers / (2 * c.N));
+    std::printf("  %-44s %zu steps, %zu attention launches (want %zu), %ld steps laid out by gathers\n",
+                ("beam 3, sources reordered" + tag).c_str(), steps, attention, want, gathers / (2L * c.N));
     ck.expect(attention == want, "beam search%s: %zu attention launches in %zu steps of %d layers (want %zu: the encoder's, and 2 a layer and step)",
               tag.c_str(), attention, steps, c.N, want);
-    ck.expect(gathers > 0 && gathers % (2 * c.N) == 0, "beam search%s: %zu copies past the caches' (want the gathers of some steps)",
+    ck.expect(gathers > 0 && gathers % (2 * c.N) == 0, "beam search%s: %ld copies past the caches' (want the gathers of some steps)",
               tag.c_str(), gathers);
 #endif
   }
