@@ -3838,7 +3838,9 @@ void residual_dropout_layernorm_backward(float* dx, float* dy, float* dg, float*
 
 // ---- §3.4 the pre-softmax projection (the shared embedding) ------------------------------------------
 void output_projection_forward(float* logits, const float* y, const float* emb, int M, int D, int V) {
-  gemm(false, true, M, V, D, y, D, emb, D, logits, V, false);
+  // in a bf16 training step the logits' twin alone (product_result): only the loss's two passes read them
+  gemm_operands(false, true, M, V, D, operand(y, (size_t)M * D, kLeft), D, operand(emb, (size_t)V * D, kRight), D,
+                product_result(logits, (size_t)M * V), V, false);
 }
 void output_projection_backward(float* dy, float* demb, const float* dlogits, const float* y, const float* emb, int M, int D,
                                 int V) {
@@ -3852,11 +3854,14 @@ void output_projection_backward(float* dy, float* demb, const float* dlogits, co
 // ---- §5.4 label-smoothed cross-entropy: softmax and loss fused, one warp per row --------------------
 // Logits a thread reads at a time, forward and backward, their loads all issued before any value is used
 constexpr int kXentAtOnce = 8;
-__global__ void xent_forward_kernel(float* lse, double* loss_sum, double* tokens, const float* logits, const int* targets, int M,
-                                    int V, double qt, double qo, int pad) {
+__device__ float logit(const float* z, int v) { return z[v]; }
+__device__ float logit(const bf16* z, int v) { return __bfloat162float(z[v]); }
+template <typename In>  // the logits' elements: float, or bf16 (their twin listed alone in a bf16 training step)
+__global__ void xent_forward_kernel(float* lse, double* loss_sum, double* tokens, const In* logits, const int* targets, int M, int V,
+                                    double qt, double qo, int pad) {
   const int r = warp_row(), lane = threadIdx.x % 32;
   if (r >= M) return;
-  const float* z = logits + (size_t)r * V;
+  const In* z = logits + (size_t)r * V;
   // One pass over the row (the online softmax): a lane reads kXentAtOnce logits at a time, all loads in
   // flight at once, and keeps the largest logit it has read and the sum of their exponentials relative to
   // it, rescaled when it grows; the lanes' sums are then taken to the row's largest. Two passes, the largest
@@ -3865,7 +3870,7 @@ __global__ void xent_forward_kernel(float* lse, double* loss_sum, double* tokens
   double s = 0, zsum = 0;
   for (int v0 = lane; v0 < V; v0 += 32 * kXentAtOnce) {
     float x[kXentAtOnce];
-    for (int k = 0; k < kXentAtOnce; ++k) x[k] = v0 + 32 * k < V ? z[v0 + 32 * k] : -INFINITY;
+    for (int k = 0; k < kXentAtOnce; ++k) x[k] = v0 + 32 * k < V ? logit(z, v0 + 32 * k) : -INFINITY;
     float most = x[0];
     for (int k = 1; k < kXentAtOnce; ++k) most = fmaxf(most, x[k]);
     if (most > mx) s *= exp((double)mx - most), mx = most;
@@ -3879,7 +3884,7 @@ __global__ void xent_forward_kernel(float* lse, double* loss_sum, double* tokens
     lse[r] = l;
     const int t = targets[r];
     // -sum_v q_v log softmax(z)_v = lse - sum_v q_v z_v   (sum_v q_v = 1)
-    if (t != pad) atomicAdd(loss_sum, (double)l - (qo * zsum + (qt - qo) * (double)z[t])), atomicAdd(tokens, 1.0);
+    if (t != pad) atomicAdd(loss_sum, (double)l - (qo * zsum + (qt - qo) * (double)logit(z, t))), atomicAdd(tokens, 1.0);
   }
 }
 
@@ -3895,12 +3900,13 @@ __global__ void count_targets_kernel(double* tokens, const int* targets, size_t 
 // dlogits16: dlogits' bf16 twin, or null (written for padding's rows too, which get no gradient). add:
 // dlogits holds values to add to; else it was taken zeroed (took_zero_fill) and is written, padding's rows 0,
 // or, where its twin is listed alone (dlogits null), only the twin is.
-__global__ void xent_backward_kernel(float* dlogits, bf16* dlogits16, const float* logits, const float* lse, const int* targets, int V,
+template <typename In>  // as xent_forward_kernel's
+__global__ void xent_backward_kernel(float* dlogits, bf16* dlogits16, const In* logits, const float* lse, const int* targets, int V,
                                      float qt, float qo, const double* tokens, int pad, bool add) {
   const int t = targets[blockIdx.x];
   const bool none = t == pad || *tokens == 0;
   const float inv_n = none ? 0.f : (float)(1.0 / *tokens);
-  const float* z = logits + (size_t)blockIdx.x * V;
+  const In* z = logits + (size_t)blockIdx.x * V;
   float* dz = dlogits ? dlogits + (size_t)blockIdx.x * V : nullptr;
   const float l = lse[blockIdx.x];
   // kXentAtOnce logits (and dlogits, where added to) at a time: a logit at a time, each load waited for the
@@ -3909,7 +3915,7 @@ __global__ void xent_backward_kernel(float* dlogits, bf16* dlogits16, const floa
     float zs[kXentAtOnce], xs[kXentAtOnce];
     for (int k = 0; k < kXentAtOnce; ++k) {
       const int v = v0 + k * blockDim.x;
-      zs[k] = v < V ? z[v] : 0.f;
+      zs[k] = v < V ? logit(z, v) : 0.f;
       xs[k] = add && v < V ? dz[v] : 0.f;
     }
     for (int k = 0; k < kXentAtOnce && v0 + k * (int)blockDim.x < V; ++k) {
@@ -3922,6 +3928,15 @@ __global__ void xent_backward_kernel(float* dlogits, bf16* dlogits16, const floa
   }
 }
 
+// Calls f with the logits as the loss's passes read them: their bf16 twin where a bf16 training step lists it
+// alone (the output projection then writes only the twin), else their fp32 elements.
+template <typename F> static void with_logits(const float* logits, size_t n, F f) {
+  bool alone;
+  const bf16* z16 = bf16_twin_of(logits, n, &alone);
+  if (z16 && !alone) throw std::logic_error("the logits have a bf16 twin beside their fp32 values: the output projection writes one");
+  if (z16) return f(z16);
+  f(logits);
+}
 double label_smoothed_xent_forward(float* lse, const float* logits, const int* targets, int M, int V, double eps,
                                    LabelSmoothing form, int pad) {
   double qt, qo;
@@ -3929,8 +3944,11 @@ double label_smoothed_xent_forward(float* lse, const float* logits, const int* t
   if (M == 0) return 0;
   static_assert(kTokenCount == kLossSum + 1, "the loss and its token count are neighbours: one memset, one read");
   CUDA_CHECK(cudaMemsetAsync(scalar(kLossSum), 0, 2 * sizeof(double), stream()));
-  LAUNCH(xent_forward_kernel, warp_row_blocks(M), kWarpRowThreads, 0, lse, scalar(kLossSum), scalar(kTokenCount), logits, targets, M,
-         V, qt, qo, pad);
+  with_logits(logits, (size_t)M * V, [&](auto z) {
+    using In = Elements<decltype(z)>;
+    LAUNCH(xent_forward_kernel<In>, warp_row_blocks(M), kWarpRowThreads, 0, lse, scalar(kLossSum), scalar(kTokenCount),
+           z, targets, M, V, qt, qo, pad);
+  });
   if (capturing()) return NAN;  // a graph cannot read: whoever replays it reads the loss (last_loss)
   return last_loss();
 }
@@ -3960,8 +3978,11 @@ void label_smoothed_xent_backward(float* dlogits, const float* logits, const flo
   // the number of real tokens is counted on the device: nothing comes back to the host
   CUDA_CHECK(cudaMemsetAsync(scalar(kTokenCount), 0, sizeof(double), stream()));
   LAUNCH(count_targets_kernel, std::min(blocks_for(M), 64u), kRowThreads, 0, scalar(kTokenCount), targets, M, pad);
-  LAUNCH(xent_backward_kernel, M, row_threads(V), 0, alone ? nullptr : dlogits, dlogits16, logits, lse, targets, V, (float)qt, (float)qo,
-         scalar(kTokenCount), pad, add);
+  with_logits(logits, (size_t)M * V, [&](auto z) {
+    using In = Elements<decltype(z)>;
+    LAUNCH(xent_backward_kernel<In>, M, row_threads(V), 0, alone ? nullptr : dlogits, dlogits16, z, lse, targets, V,
+           (float)qt, (float)qo, scalar(kTokenCount), pad, add);
+  });
 }
 
 // ---- §5.3 Adam over the whole buffer, gradient-norm clipping -------------------------------------------
@@ -4366,7 +4387,8 @@ class GpuModel : public DeviceModel {
         twin_list.push_back({l.ffn.h, Mt * F, true});
         connection(l.self_sub, Mt), connection(l.cross_sub, Mt), connection(l.ffn_sub, Mt);
       }
-      twin_list.push_back({acts.dlogits, Mt * c.V, true}), twin_list.push_back({acts.d_sub, std::max(Ms, Mt) * D});
+      twin_list.push_back({acts.logits, Mt * c.V, true}), twin_list.push_back({acts.dlogits, Mt * c.V, true});
+      twin_list.push_back({acts.d_sub, std::max(Ms, Mt) * D});
     }
     const size_t need = gpu::bf16_twin_storage(twin_list);
     if (need > twins_size) {

@@ -56,6 +56,7 @@ mutants=(
   "the tensor-core attention backward's dq stored over the queries' tile while other warps still read it for dk (the barrier removed)|    __syncthreads();  // the queries' tile read by all\n|"
   "attention's bf16 tile loader stepping a head's rows by Dk, not D (the rows read as if they lay one after another)|reinterpret_cast<const Bf16x4*>(head + (size_t)row(i) * D + d)|reinterpret_cast<const Bf16x4*>(head + (size_t)row(i) * Dk + d)"
   "projections that write q, k and v in fp32 where the attention reads their bf16 twins (left stale)|return twin ? Result(twin) : Result(p);|return Result(p);"
+  "the loss's passes reading the logits' fp32 values where the output projection wrote only their twin|  if (z16) return f(z16);\n|"
   "a CUDA graph of the update that replays its capture's Adam step (staged only while captured)|*staged_adam = gpu::adam_step(lr, c.beta1, c.beta2, m.step);\n    const auto work = [&] {\n|const auto work = [&] {\n      *staged_adam = gpu::adam_step(lr, c.beta1, c.beta2, m.step);\n"
   "the residual connection's backward writes d_sub while weight gradients' products that read it wait to run (its wait removed)|  before_writing(dx, (size_t)M * D), before_writing(dy, (size_t)M * D);\n|"
   "a scratch buffer handed out to be written while a weight gradient's product still reads it (bf16_scratch's wait removed)|  wait_for_weight_grads(p[slot], size[slot] * sizeof(bf16));  // what is handed out is written\n|"

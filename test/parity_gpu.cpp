@@ -1330,6 +1330,45 @@ int main() {
     same_with_twin_alone(ck, ("attention, Dk " + std::to_string(D / H)).c_str(), "ctx", n, run);
     gpu::release(dvalid);
   }
+  // The logits with a twin listed alone, as in a training step: the output projection writes the twin and not
+  // the logits, and the loss's forward and backward read the twin. The loss, lse and the logits' gradient have
+  // the same bits as from the logits written in fp32 and rounded (here, on the host) before the loss. 300
+  // logits a row: a lane reads two of its batches of 8, the second partial; padding's rows get no gradient.
+  {
+    Rand rl{13};
+    const int Vl = 300;
+    Buf y(rl.vec((size_t)M * D, -2, 2)), emb(rl.vec((size_t)Vl * D, -2, 2));
+    std::vector<int> targets(M);
+    for (int i = 0; i < M; ++i) targets[i] = i % 5 == 4 ? kPadId : 4 + (7 * i) % (Vl - 4);
+    int* dt = gpu::alloc_ints(M);
+    gpu::upload(dt, targets.data(), M);
+    const size_t n = (size_t)M * Vl;
+    const auto run = [&](bool alone, size_t* logits_written) {
+      Buf logits(zeros(n)), lse(zeros(M)), dlogits(zeros(n));
+      logits.poison();
+      if (alone) gpu::set_bf16_twins({{logits.d, n, true}}, nullptr);  // in the logits' own bytes
+      gpu::output_projection_forward(logits.d, y.d, emb.d, M, D, Vl);
+      if (!alone) {
+        const std::vector<float> z = bf16_rounded(logits.get());
+        gpu::upload(logits.d, z.data(), n);
+      }
+      const double loss = gpu::label_smoothed_xent_forward(lse.d, logits.d, dt, M, Vl, 0.1, LabelSmoothing::others_only, kPadId);
+      gpu::fill(dlogits.d, 0, n);
+      gpu::label_smoothed_xent_backward(dlogits.d, logits.d, lse.d, dt, M, Vl, 0.1, LabelSmoothing::others_only, kPadId);
+      if (alone) gpu::set_bf16_twins({}, nullptr);
+      *logits_written = written_past_twin(logits.d, n);
+      float bits[2];  // the loss's double, bit for bit
+      std::memcpy(bits, &loss, sizeof loss);
+      std::vector<float> all(bits, bits + 2);
+      for (const Buf* b : {&lse, &dlogits}) {
+        const std::vector<float> v = b->get();
+        all.insert(all.end(), v.begin(), v.end());
+      }
+      return all;
+    };
+    same_with_twin_alone(ck, "loss", "logits", n, run);
+    gpu::release(dt);
+  }
   // Attention's inputs q, k, v and dctx read from bf16 twins listed alone, as a training step's attention reads
   // what its products wrote (copy_head_tile widens them into its tiles): every output has the same bits as from
   // fp32 inputs that hold those roundings, and the fp32 inputs (poisoned) are not read. Without the tensor cores
@@ -1501,11 +1540,13 @@ int main() {
     // Post-LN: each attention's q, k, v and ctx, each FFN's h and each sub-layer connection's output; pre-LN
     // the first two; both, the embedded inputs and the gradients of the logits and of a sub-layer's output.
     // Listed alone, their fp32 values not written: the attentions' q, k, v and ctx, the FFNs' h (checked
-    // above) and the logits' gradient (its products are the gradient's, checked above).
+    // above), the logits (the loss, checked above) and the logits' gradient (its products are the gradient's,
+    // checked above).
     {
       const auto twins = gpu::bf16_twins();
-      // 3 N attentions (4 each), 2 N FFNs, post-LN 5 N connections; x0 twice, the logits' and a sub-layer's gradients
-      const size_t want = (size_t)c.N * (pre_ln ? 12 + 2 : 12 + 2 + 5) + 4, want_alone = 14 * (size_t)c.N + 1;
+      // 3 N attentions (4 each), 2 N FFNs, post-LN 5 N connections; x0 twice, the logits, their gradient and a
+      // sub-layer's gradient
+      const size_t want = (size_t)c.N * (pre_ln ? 12 + 2 : 12 + 2 + 5) + 5, want_alone = 14 * (size_t)c.N + 2;
       size_t stale = 0, elements = 0, alone = 0, alone_written = 0;
       for (const gpu::Bf16Twin& t : twins) {
         elements += t.n;
