@@ -2448,7 +2448,8 @@ void drop_bf16_copy(const float* p) {
 }
 // The twin a producer writes beside its output, the n elements at p (bf16 products, p listed by
 // set_bf16_twins), else null; *alone: whether the twin is listed alone (ffn_forward's h, attention's q, k, v
-// and ctx and the loss's dlogits in a training step, whose producers then write no fp32 values).
+// and ctx, the logits and the loss's dlogits in a bf16 model's passes, whose producers then write no fp32
+// values).
 static bf16* bf16_twin_of(const float* p, size_t n, bool* alone = nullptr) {
   const Bf16Copy* c = products() == Precision::bf16 ? bf16_entry_of(p) : nullptr;
   if (alone) *alone = c && c->twin && c->alone;
@@ -2518,7 +2519,8 @@ struct Batch {
   size_t extent(long long stride, size_t one) const { return (size_t)(count - 1) * stride + one; }
 };
 // Where a product's result goes: its fp32 elements, or only their bf16 rounding (h), for a result that only a
-// kernel of ours reads, as bf16 (the FFN's hidden units, forward and backward; attention's q, k, v and dctx):
+// kernel of ours reads, as bf16 (the FFN's hidden units, forward and backward; attention's q, k, v and dctx;
+// the logits):
 // cuBLAS's epilogue rounds each element from its fp32 sum (a split K's partial sums, if cuBLAS chooses one,
 // maybe too) and writes half the bytes, which that kernel reads back.
 struct Result {
@@ -2578,8 +2580,9 @@ void gemm(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const 
   gemm_operands(ta, tb, M, N, K, operand(A, ta ? extent(K, M, lda) : extent(M, K, lda), kLeft), lda,
                 operand(B, tb ? extent(N, K, ldb) : extent(K, N, ldb), kRight), ldb, C, ldc, accumulate);
 }
-// Where a product writes the n elements at p: only their bf16 twin where a bf16 training step lists one alone
-// (attention's q, k and v, which only the attention kernels read), else p's fp32 elements.
+// Where a product writes the n elements at p: only their bf16 twin where a bf16 model's pass lists one alone
+// (attention's q, k and v, which only the attention kernels read; the logits, which only the loss's passes
+// read), else p's fp32 elements.
 static Result product_result(float* p, size_t n) {
   bool alone;
   bf16* twin = bf16_twin_of(p, n, &alone);
@@ -3865,7 +3868,7 @@ __global__ void xent_forward_kernel(float* lse, double* loss_sum, double* tokens
   // One pass over the row (the online softmax): a lane reads kXentAtOnce logits at a time, all loads in
   // flight at once, and keeps the largest logit it has read and the sum of their exponentials relative to
   // it, rescaled when it grows; the lanes' sums are then taken to the row's largest. Two passes, the largest
-  // first, read the logits twice (256 MiB each at the benchmark's 8192 rows of 8000).
+  // first, read the logits twice (250 MiB each at the benchmark's 8192 rows of 8000 in fp32).
   float mx = -INFINITY;
   double s = 0, zsum = 0;
   for (int v0 = lane; v0 < V; v0 += 32 * kXentAtOnce) {
@@ -4364,7 +4367,10 @@ class GpuModel : public DeviceModel {
   // products. Two gradients too: the logits' (alone: the output projection's two products are all that
   // read it; the loss's backward writes it, taking the backward's fill, gpu::defer_zero_fill) and a
   // sub-layer's output's, d_sub (the residual's backward writes it, taking its fill; the embeddings'
-  // backward uses it as scratch, through dropout's backward, which writes the twin too).
+  // backward uses it as scratch, through dropout's backward, which writes the twin too). Attention's q, k
+  // and v (alone: their projections write them, the attention kernels read them) and the logits (alone:
+  // the output projection writes them, the loss's two passes read them). Every pass of the model lists
+  // them, an evaluation's too: its loss comes from the same bf16 logits as a training step's.
   void keep_bf16_twins() {
     twin_list.clear();
     if (gpu::products() == Precision::bf16) {

@@ -630,6 +630,8 @@ void residual_dropout_backward(float* dx, float* dy, const float* dout, DropoutK
 void residual_dropout_layernorm_backward(float* dx, float* dy, float* dg, float* db, float* dsum, const float* dout,
                                          const float* sum, const float* g, const float* mean, const float* rstd, DropoutKey drop,
                                          int M, int D);
+// Where the logits have a bf16 twin listed alone (a bf16 model's passes), the product writes only the twin and
+// the loss's passes below read it.
 void output_projection_forward(float* logits, const float* y, const float* emb, int M, int D, int V);
 void output_projection_backward(float* dy, float* demb, const float* dlogits, const float* y, const float* emb, int M, int D,
                                 int V);

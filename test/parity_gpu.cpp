@@ -1332,8 +1332,10 @@ int main() {
   }
   // The logits with a twin listed alone, as in a training step: the output projection writes the twin and not
   // the logits, and the loss's forward and backward read the twin. The loss, lse and the logits' gradient have
-  // the same bits as from the logits written in fp32 and rounded (here, on the host) before the loss. 300
-  // logits a row: a lane reads two of its batches of 8, the second partial; padding's rows get no gradient.
+  // the same bits as from fp32 logits that hold the twin's values (the product writes them in fp32, and then
+  // the twin's values are uploaded over them: on a GPU cuBLAS may round an fp32 result and a bf16 one by
+  // other paths). 300 logits a row: a lane reads two of its batches of 8, the second partial; padding's
+  // rows get no gradient.
   {
     Rand rl{13};
     const int Vl = 300;
@@ -1343,15 +1345,14 @@ int main() {
     int* dt = gpu::alloc_ints(M);
     gpu::upload(dt, targets.data(), M);
     const size_t n = (size_t)M * Vl;
+    std::vector<float> twin;  // the twin's values, which the run alone (the first) leaves for the other
     const auto run = [&](bool alone, size_t* logits_written) {
       Buf logits(zeros(n)), lse(zeros(M)), dlogits(zeros(n));
       logits.poison();
       if (alone) gpu::set_bf16_twins({{logits.d, n, true}}, nullptr);  // in the logits' own bytes
       gpu::output_projection_forward(logits.d, y.d, emb.d, M, D, Vl);
-      if (!alone) {
-        const std::vector<float> z = bf16_rounded(logits.get());
-        gpu::upload(logits.d, z.data(), n);
-      }
+      if (alone) twin = gpu::bf16_copy(logits.d, n);
+      else gpu::upload(logits.d, twin.data(), n);
       const double loss = gpu::label_smoothed_xent_forward(lse.d, logits.d, dt, M, Vl, 0.1, LabelSmoothing::others_only, kPadId);
       gpu::fill(dlogits.d, 0, n);
       gpu::label_smoothed_xent_backward(dlogits.d, logits.d, lse.d, dt, M, Vl, 0.1, LabelSmoothing::others_only, kPadId);
