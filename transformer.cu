@@ -3841,7 +3841,7 @@ void residual_dropout_layernorm_backward(float* dx, float* dy, float* dg, float*
 
 // ---- §3.4 the pre-softmax projection (the shared embedding) ------------------------------------------
 void output_projection_forward(float* logits, const float* y, const float* emb, int M, int D, int V) {
-  // in a bf16 training step the logits' twin alone (product_result): only the loss's two passes read them
+  // in a bf16 model's pass the logits' twin alone (product_result): only the loss's two passes read them
   gemm_operands(false, true, M, V, D, operand(y, (size_t)M * D, kLeft), D, operand(emb, (size_t)V * D, kRight), D,
                 product_result(logits, (size_t)M * V), V, false);
 }
@@ -3859,7 +3859,7 @@ void output_projection_backward(float* dy, float* demb, const float* dlogits, co
 constexpr int kXentAtOnce = 8;
 __device__ float logit(const float* z, int v) { return z[v]; }
 __device__ float logit(const bf16* z, int v) { return __bfloat162float(z[v]); }
-template <typename In>  // the logits' elements: float, or bf16 (their twin listed alone in a bf16 training step)
+template <typename In>  // the logits' elements: float, or bf16 (their twin listed alone in a bf16 model's pass)
 __global__ void xent_forward_kernel(float* lse, double* loss_sum, double* tokens, const In* logits, const int* targets, int M, int V,
                                     double qt, double qo, int pad) {
   const int r = warp_row(), lane = threadIdx.x % 32;
@@ -3931,7 +3931,7 @@ __global__ void xent_backward_kernel(float* dlogits, bf16* dlogits16, const In* 
   }
 }
 
-// Calls f with the logits as the loss's passes read them: their bf16 twin where a bf16 training step lists it
+// Calls f with the logits as the loss's passes read them: their bf16 twin where a bf16 model's pass lists it
 // alone (the output projection then writes only the twin), else their fp32 elements.
 template <typename F> static void with_logits(const float* logits, size_t n, F f) {
   bool alone;
