@@ -1073,14 +1073,20 @@ int main() {
     opt.beam = 3, opt.n_best = 2, opt.max_extra = 6;
     const std::vector<Hypothesis> gc = greedy_decode(dec_cpu, src, 6), gg = greedy_decode(dec_gpu, src, 6);
     const auto bc = beam_search(dec_cpu, src, opt), bg = beam_search(dec_gpu, src, opt);
-    int differ = 0;
+    // the GPU's n-best lists against the CPU's: their scores checked, the hypotheses whose tokens differ counted
+    const auto beams_differ = [&](const auto& cpu, const auto& gpu, const std::string& what) {
+      int n = 0;
+      for (size_t i = 0; i < cpu.size(); ++i)
+        for (size_t j = 0; j < cpu[i].size(); ++j) {
+          n += j >= gpu[i].size() || cpu[i][j].tokens != gpu[i][j].tokens;
+          if (j < gpu[i].size()) ck.close(gpu[i][j].score, cpu[i][j].score, 1e-4, 1e-4 * kFloor, what.c_str());
+        }
+      return n;
+    };
+    int differ = beams_differ(bc, bg, "beam_search score" + tag);
     for (size_t i = 0; i < src.size(); ++i) {
       differ += gc[i].tokens != gg[i].tokens;
       ck.close(gg[i].logprob, gc[i].logprob, 1e-4, 1e-4 * kFloor, ("greedy_decode log-probability" + tag).c_str());
-      for (size_t j = 0; j < bc[i].size(); ++j) {
-        differ += j >= bg[i].size() || bc[i][j].tokens != bg[i][j].tokens;
-        if (j < bg[i].size()) ck.close(bg[i][j].score, bc[i][j].score, 1e-4, 1e-4 * kFloor, ("beam_search score" + tag).c_str());
-      }
     }
     std::printf("  %-44s %d outputs differ\n", ("greedy and beam 3 (2-best) tokens" + tag).c_str(), differ);
     ck.expect(differ == 0, "greedy and beam tokens%s: %d outputs differ between the GPU and the CPU", tag.c_str(), differ);
@@ -1094,12 +1100,7 @@ int main() {
     emu::reset_counts();
 #endif
     const auto mc = beam_search(dec_cpu, mixed, opt), mg = beam_search(dec_gpu, mixed, opt);
-    int mixed_differ = 0;
-    for (size_t i = 0; i < mixed.size(); ++i)
-      for (size_t j = 0; j < mc[i].size(); ++j) {
-        mixed_differ += j >= mg[i].size() || mc[i][j].tokens != mg[i][j].tokens;
-        if (j < mg[i].size()) ck.close(mg[i][j].score, mc[i][j].score, 1e-4, 1e-4 * kFloor, ("beam_search score, sources reordered" + tag).c_str());
-      }
+    const int mixed_differ = beams_differ(mc, mg, "beam_search score, sources reordered" + tag);
     ck.expect(mixed_differ == 0, "beam tokens, sources reordered%s: %d outputs differ between the GPU and the CPU", tag.c_str(),
               mixed_differ);
 #ifdef TRANSFORMER_EMULATED_GPU
