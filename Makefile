@@ -124,8 +124,9 @@ PROGRAMS := $(basename $(wildcard train.cpp translate.cpp))
 TESTS    := $(patsubst test/%.cpp,$(BUILD)/test/%,$(filter-out test/cuda_emulator.cpp,$(wildcard test/*.cpp)))
 HEADERS  := $(wildcard *.h data/*.h test/*.h)
 # The course grader is built against the emulated GPU in every configuration (it grades the two CUDA kernel
-# tasks there, no GPU needed), with its own objects in build/grade/; so is `bench --count` (make bench's
-# counts of what a training step asks of the GPU).
+# tasks there, no GPU needed), with its own objects in build/grade/; so are `bench --count` (make bench's
+# counts of what a training step asks of the GPU) and a ./train without MPI, whose GPU path
+# test/bf16_numbers.sh trains in bf16 (build/emu's, under the sanitizers, runs 4 times slower).
 GRADE_BUILD := $(BUILD)/grade
 GRADE_OBJS  := $(GRADE_BUILD)/transformer.o $(patsubst %.cpp,$(GRADE_BUILD)/%.o,$(LIB_SRCS))
 COURSE      := $(patsubst course/%.cpp,$(GRADE_BUILD)/course/%,$(wildcard course/*.cpp))
@@ -195,13 +196,16 @@ $(GRADE_BUILD)/course/%: $(GRADE_BUILD)/course/%.o $(GRADE_OBJS)
 $(GRADE_BUILD)/test/bench: $(GRADE_BUILD)/test/bench.o $(GRADE_OBJS)
 	$(CXX) $^ -o $@ $(EMU_LDLIBS)
 
+$(GRADE_BUILD)/train: $(GRADE_BUILD)/train.o $(GRADE_OBJS)
+	$(CXX) $^ -o $@ $(EMU_LDLIBS)
+
 emu: $(EMU_TESTS)
 
 # CTest runs a test a core (TEST_JOBS; getconf, not nproc, which obeys OMP_NUM_THREADS), the longest first
 # (their COST in test/CTestTestfile.cmake). Waiting OpenMP threads sleep (OMP_WAIT_POLICY=passive): left
 # spinning, two tests' thread teams on the same 2 cores made translate_cli take 196 s instead of 44 s.
 TEST_JOBS ?= $(shell getconf _NPROCESSORS_ONLN)
-test: all emu $(COURSE) $(GRADE_BUILD)/test/bench
+test: all emu $(COURSE) $(GRADE_BUILD)/test/bench $(GRADE_BUILD)/train
 	OMP_WAIT_POLICY=passive ctest --test-dir test --output-on-failure -j$(TEST_JOBS) $(CTEST_ARGS)
 
 # Bugs planted in copies of transformer.cu, each of which the emulated parity_gpu must catch. A mutant's

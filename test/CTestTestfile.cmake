@@ -46,8 +46,11 @@ set_tests_properties(parity_gpu_emulated_shuffle PROPERTIES ENVIRONMENT "OMP_WAI
 add_test(sanitize_gpu bash "${ROOT}/test/sanitize_gpu.sh" "${BIN}")
 add_test(bf16_numbers bash "${ROOT}/test/bf16_numbers.sh" "${ROOT}")
 set_tests_properties(parity_gpu sanitize_gpu bf16_numbers PROPERTIES SKIP_RETURN_CODE 77 LABELS gpu)
+add_test(bf16_numbers_emulated bash "${ROOT}/test/bf16_numbers.sh" "${ROOT}" "${ROOT}/build/grade/train")
+set_tests_properties(bf16_numbers_emulated PROPERTIES ENVIRONMENT "OMP_WAIT_POLICY=passive" LABELS emulated)
 # What each long test costs (seconds, plain build, 2-core CI machine), so that `ctest -j` starts the longest
 # first and the short ones fill in beside them.
+set_tests_properties(bf16_numbers_emulated PROPERTIES COST 912)
 set_tests_properties(data_parallel PROPERTIES COST 120)
 set_tests_properties(loss_reads PROPERTIES COST 70)
 set_tests_properties(parity_gpu_emulated_shuffle PROPERTIES COST 66)
