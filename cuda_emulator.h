@@ -441,7 +441,7 @@ inline void switch_to_fiber(size_t f) {
 }
 
 inline Thread* pass_next(State& s);
-inline void pass_after_wait(State& s);
+template <int = 0> __attribute__((noinline)) void pass_after_wait(State& s);
 
 // Called by the running thread when it waits: returns when it may go on. Within run_released's pass the
 // pass's next step is taken here and the next thread's fiber is switched to directly (where that is this
@@ -459,7 +459,7 @@ inline void suspend() {
       const size_t from = s.current->fiber;
       s.current = next;
 #ifdef CUDA_EMULATOR_ASAN
-      __sanitizer_start_switch_fiber(nullptr, stack_of(next->fiber), kStackBytes);
+      __sanitizer_start_switch_fiber(nullptr, s.stacks[next->fiber], kStackBytes);
 #endif
       swap_context(s.fibers[from], s.fibers[next->fiber]);
 #ifdef CUDA_EMULATOR_ASAN
@@ -737,13 +737,16 @@ inline Thread* pass_next(State& s) {
 }
 // The pass's step after the thread it went on with (pass_thread) waits again or returns: where that thread's
 // warp collective completes, its warp goes on first, from its first lane in the order; else the thread after it.
-inline void pass_after_wait(State& s) {
+// Not inlined into suspend(), whose frame must keep no variable in memory (its own comment says why): this
+// one's (std::min's operands, complete_collective's messages) are gone before suspend switches. (A template,
+// as a header's function must be inline or one, and g++ warns of one both inline and noinline.)
+template <int> __attribute__((noinline)) void pass_after_wait(State& s) {
   const Thread& t = *s.pass_thread;
   if (warp_may_meet(t) && complete_collective(t)) {
     const unsigned base = t.warp * warpSize, mask = t.mask;
     s.pass_k = s.pass_order->size();
-    for (unsigned l = 0; l < (unsigned)warpSize; ++l)  // (not std::min, whose reference would keep a variable
-      if (mask >> l & 1u && s.place_in_order[base + l] < s.pass_k) s.pass_k = s.place_in_order[base + l];  // in suspend's frame)
+    for (unsigned l = 0; l < (unsigned)warpSize; ++l)
+      if (mask >> l & 1u) s.pass_k = std::min<size_t>(s.pass_k, s.place_in_order[base + l]);
   } else {
     ++s.pass_k;
   }

@@ -11,6 +11,10 @@
 set -u
 root=$1
 train=${2:-$root/train}
+if [ $# -ge 2 ] && nm "$train" 2>/dev/null | grep -q __asan_init; then  # a SANITIZE=1 build
+  echo "bf16_numbers: $train is built with AddressSanitizer (SANITIZE=1), which runs it several times slower: skipped (the plain build runs it)"
+  exit 77
+fi
 if [ $# -lt 2 ]; then
   "$root/build/test/parity_gpu" > /dev/null 2>&1
   [ $? -eq 77 ] && { echo "bf16_numbers: no GPU here (parity_gpu skips): skipped"; exit 77; }
