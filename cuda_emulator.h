@@ -425,7 +425,8 @@ inline char* stack_of(size_t i) {
 }
 
 
-// Switches from the scheduler into fiber f, until its thread waits or its threads have returned.
+// Switches from the scheduler into fiber f, until its thread waits or its threads have returned (from
+// run_released: until the pass ends, its fibers switching to one another meanwhile).
 // (AddressSanitizer is told of each switch between stacks; no fake stacks are kept, so stack use after
 // return is not looked for on fibers.)
 inline void switch_to_fiber(size_t f) {
