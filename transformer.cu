@@ -2344,8 +2344,11 @@ struct Sum {
 struct Max {
   __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
-template <typename T, typename Op> __device__ T warp_reduce(T x, Op op) {
-  for (int o = 16; o > 0; o >>= 1) x = op(x, __shfl_xor_sync(0xffffffffu, x, o));
+// warp_reduce<kLanes>: over each group of kLanes adjacent lanes (a power of 2 up to 32), every lane of the warp
+// taking part, each group getting its own result.
+template <int kLanes = 32, typename T, typename Op> __device__ T warp_reduce(T x, Op op) {
+  static_assert(kLanes >= 1 && kLanes <= 32 && (kLanes & (kLanes - 1)) == 0, "groups of a power of 2 lanes");
+  for (int o = kLanes / 2; o > 0; o >>= 1) x = op(x, __shfl_xor_sync(0xffffffffu, x, o));
   return x;
 }
 template <typename T, typename Op> __device__ T block_reduce(T x, T* shared, Op op) {
@@ -2932,7 +2935,7 @@ __device__ void write_context(float* ctx, bf16* ctx16, int H, int Lq, int D, F c
   });
 }
 
-// The forward kernels' first pass: m[r], the max of the warp's row r's scores, and l[r], its sum of
+// attention_forward_kernel's first pass: m[r], the max of the warp's row r's scores, and l[r], its sum of
 // exp(s_ij - m[r]), over the key tiles in turn (scores(s, j0) leaves the tile at j0's scores of the warp's rows
 // and the lane's key in s, -inf where masked), the sum rescaled as the max grows. s keeps the last tile's.
 template <typename Scores>
@@ -3017,12 +3020,36 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)  // 4 blocks an SM: at m
 // not fp32 (--precision tf32 or bf16) and Dk is a multiple of 16 (the paper's 64 and every preset's): the two
 // passes of attention_forward_kernel, each key tile's scores q_i . k_j and weighted sum sum_j p'_ij v_j formed
 // as 16 x 16 tiles by the warps. The scores go through shared memory (32 x 32, kScoreLd floats a row): warps
-// 0-3 each form a quarter, then a lane reads its key's scores of the warp's rows, as attention_forward_kernel
-// holds them, and writes p'_ij in their place; each warp sums its kTiles tiles of ctx (16 rows, 16 of the
-// head's columns) in fragments over the key tiles, and the fragments pass through the query tile's space to
-// the context rows. Its scores and sums differ from the fp32 kernel's by the operands' rounding to TF32's
-// 10-bit mantissa (a relative 2^-11), a bound that test/parity_gpu.cpp holds it to.
+// 0-3 each form a quarter, then each row's scores are read by kTileRowLanes adjacent lanes, kTileRowKeys keys a
+// lane (key_of: lane c of the row takes keys c, c + 8, c + 16, c + 24), whose max and sum of exponentials are
+// a reduction over those 8 lanes (row_softmax_statistics), and each lane writes p'_ij where it read s_ij; each
+// warp sums its kTiles tiles of ctx (16 rows, 16 of the head's columns) in fragments over the key tiles, and
+// the fragments pass through the query tile's space to the context rows. Its scores and sums differ from the
+// fp32 kernel's by the operands' rounding to TF32's 10-bit mantissa (a relative 2^-11), a bound that
+// test/parity_gpu.cpp holds it to.
 constexpr int kScoreLd = kAttentionTile + 4;  // a multiple of 4 floats (wmma), not of 32 (banks)
+constexpr int kTileRowLanes = kAttentionThreads / kAttentionTile;  // 8 lanes a row of the scores' tile
+constexpr int kTileRowKeys = kAttentionTile / kTileRowLanes;       // 4 keys a lane
+// The tensor-core forward's first pass: m, the max of the scores of this thread's row, and l, its sum of
+// exp(s_ij - m), over the key tiles in turn (scores(s, j0) leaves the thread's keys' scores of the tile at j0 in
+// s, -inf where masked), the sum rescaled as the max grows: as softmax_statistics, over the row's 8 lanes (3
+// shuffles each, where a lane holding a key of 4 rows takes 5 for each row: a warp's 4 rows take 6 shuffles a
+// key tile, not 40). A tile with no visible key leaves m and l. s keeps the last tile's.
+template <typename Scores>
+__device__ void row_softmax_statistics(float& m, float& l, float (&s)[kTileRowKeys], int Lk, Scores scores) {
+  m = -INFINITY, l = 0;
+  for (int j0 = 0; j0 < Lk; j0 += kAttentionTile) {
+    scores(s, j0);
+    float x = s[0];
+    for (int e = 1; e < kTileRowKeys; ++e) x = fmaxf(x, s[e]);
+    const float mx = fmaxf(m, warp_reduce<kTileRowLanes>(x, Max{}));  // -inf while no key of the row is visible
+    float sum = 0;  // (every lane sums and shuffles: the warp's other rows may have visible keys)
+    for (int e = 0; e < kTileRowKeys; ++e) sum += s[e] == -INFINITY ? 0.f : expf(s[e] - mx);
+    sum = warp_reduce<kTileRowLanes>(sum, Sum{});
+    l = m == -INFINITY ? sum : l * expf(m - mx) + sum;
+    m = mx;
+  }
+}
 constexpr size_t attention_tensor_core_shared_bytes(int Dk) {
   return (3 * (size_t)kAttentionTile * attention_ld(Dk) + kAttentionTile * kScoreLd) * sizeof(float);
 }
@@ -3074,36 +3101,39 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
   drop = at_step(drop);
   const int b = blockIdx.x / H, h = blockIdx.x % H, Dk = D / H, ld = attention_ld(Dk), i0 = blockIdx.y * kAttentionTile;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int row = threadIdx.x / kTileRowLanes, i = i0 + row;  // this thread's row of the scores' tile, its query
   float* qs = dynamic_shared<float>();   // (32, ld): the tile's queries; at the end, their context rows
   float* ks = qs + kAttentionTile * ld;  // (32, ld): a tile of keys
   float* vs = ks + kAttentionTile * ld;  // (32, ld): a tile of values
   float* ss = vs + kAttentionTile * ld;  // (32, kScoreLd): a key tile's scores, then its p'_ij
   const float scale = rsqrtf((float)Dk), keep_scale = (float)dropout_scale(drop);
-  auto p_row = [&](int i) { return ((size_t)blockIdx.x * Lq + i) * Lk; };  // p's offset of row i
-  auto row_of = [&](int r) { return warp + r * kAttentionWarps; };         // the warp's r-th row of the tile
-  // s[r] = s_ij of the warp's rows i and the lane's key j of the key tile at j0, -inf where j is masked
-  auto scores = [&](float (&s)[kRowsPerWarp], int j0) {
+  const size_t p_row = ((size_t)blockIdx.x * Lq + i) * Lk;  // p's offset of row i
+  // the thread's e-th key of a tile: 8 lanes' e-th keys are 8 adjacent floats of the row (one 32-byte sector of p)
+  auto key_of = [&](int e) { return threadIdx.x % kTileRowLanes + kTileRowLanes * e; };
+  // s[e] = s_ij of the thread's row i and its e-th key j of the key tile at j0, -inf where j is masked
+  auto scores = [&](float (&s)[kTileRowKeys], int j0) {
     if (Lk > kAttentionTile) load_head_tile(ks, k, b, h, Lk, j0, D, Dk);
     __syncthreads();  // the key tile is loaded, and the last tile's p' read by all
     tile_rows_dot_rows(ss, qs, ks, Dk);  // q_i . k_j
     __syncthreads();  // the scores are stored (and the key tile read)
-    const int j = j0 + lane;
-    const bool valid = j < Lk && key_valid[(size_t)b * Lk + j];
-    for (int r = 0; r < kRowsPerWarp; ++r)
-      s[r] = valid && (!causal || j <= i0 + row_of(r)) ? ss[row_of(r) * kScoreLd + lane] * scale : -INFINITY;
+    for (int e = 0; e < kTileRowKeys; ++e) {
+      const int j = j0 + key_of(e);
+      const bool visible = j < Lk && key_valid[(size_t)b * Lk + j] && (!causal || j <= i);
+      s[e] = visible ? ss[row * kScoreLd + key_of(e)] * scale : -INFINITY;
+    }
   };
   copy_head_tile(qs, q, b, h, Lq, i0, D, Dk);
   if (Lk <= kAttentionTile) copy_head_tile(ks, k, b, h, Lk, 0, D, Dk), copy_head_tile(vs, v, b, h, Lk, 0, D, Dk);
   wait_for_copies();
-  float s[kRowsPerWarp], m[kRowsPerWarp], l[kRowsPerWarp];
-  softmax_statistics(m, l, s, Lk, scores);  // the rows' max and sum of exponentials
+  float s[kTileRowKeys], m, l;
+  row_softmax_statistics(m, l, s, Lk, scores);  // the row's max and sum of exponentials
   Tf32Sums acc[kTiles];
   for (int t = 0; t < kTiles; ++t) wmma::fill_fragment(acc[t], 0.f);
   for (int j0 = 0; j0 < Lk; j0 += kAttentionTile) {
     if (Lk > kAttentionTile) scores(s, j0), load_head_tile(vs, v, b, h, Lk, j0, D, Dk);  // else s holds the only tile's scores
-    for (int r = 0; r < kRowsPerWarp; ++r) {
-      const int i = i0 + row_of(r), j = j0 + lane;
-      ss[row_of(r) * kScoreLd + lane] = attention_weight(p, p_row(i) + j, i < Lq && j < Lk, s[r], m[r], l[r], drop, keep_scale);
+    for (int e = 0; e < kTileRowKeys; ++e) {
+      const int j = j0 + key_of(e);
+      ss[row * kScoreLd + key_of(e)] = attention_weight(p, p_row + j, i < Lq && j < Lk, s[e], m, l, drop, keep_scale);
     }
     __syncthreads();  // p' and the value tile are in place
     const int keys = (min(kAttentionTile, Lk - j0) + 7) / 8 * 8;  // (past Lk p' is 0, and the value rows too)
@@ -3119,7 +3149,8 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
     if (c0 < Dk) wmma::store_matrix_sync(qs + r0 * ld + c0, acc[t], ld, wmma::mem_row_major);
   }
   __syncthreads();  // every warp's tiles stored
-  write_context<2 * kTiles>(ctx, ctx16, H, Lq, D, [&](int r, int t) { return qs[row_of(r) * ld + lane + 32 * t]; });
+  // the warp's r-th row of the tile, as for_warp_rows takes them
+  write_context<2 * kTiles>(ctx, ctx16, H, Lq, D, [&](int r, int t) { return qs[(warp + r * kAttentionWarps) * ld + lane + 32 * t]; });
 }
 
 // What the two backward kernels below share, besides add_weighted_rows. The forward was
