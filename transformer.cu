@@ -3184,6 +3184,30 @@ __device__ void one_key_tile_softmax_backward(float (&ds)[kRowsPerWarp], float (
     pk[r] = pij * kij;
   }
 }
+// The tensor-core backward's: the same for a tile's rows as row_softmax_statistics holds them (a row to 8
+// adjacent lanes, keys c, c + 8, c + 16, c + 24 to its lane c): reads dctx_i . v_j from ds_tile and writes ds_ij in
+// its place, and p'_ij into pk_tile (both 32 x kScoreLd), the row sum reduced over the row's 8 lanes (3 shuffles
+// for the warp's 4 rows, where one_key_tile_softmax_backward takes 5 for each row). Exact zeros as there: a
+// row with one visible key sums its one term and zeros, so its ds is exactly 0.
+__device__ void row_softmax_backward(float* ds_tile, float* pk_tile, const float* p, size_t p_tile, int rows, int Lk,
+                                     const DropoutKey& drop, float keep_scale) {
+  const int i = threadIdx.x / kTileRowLanes;
+  float pij[kTileRowKeys], dp[kTileRowKeys], row_sum = 0;
+  for (int e = 0; e < kTileRowKeys; ++e) {
+    const int j = threadIdx.x % kTileRowLanes + kTileRowLanes * e;
+    const size_t ij = p_tile + (size_t)i * Lk + j;
+    pij[e] = i < rows && j < Lk ? p[ij] : 0.f;
+    const float kij = pij[e] == 0 ? 0.f : keep_factor(drop, ij, keep_scale);
+    dp[e] = ds_tile[i * kScoreLd + j] * kij;
+    pk_tile[i * kScoreLd + j] = pij[e] * kij;
+    row_sum += pij[e] == 0 ? 0.f : pij[e] * dp[e];
+  }
+  row_sum = warp_reduce<kTileRowLanes>(row_sum, Sum{});
+  for (int e = 0; e < kTileRowKeys; ++e) {
+    const int j = threadIdx.x % kTileRowLanes + kTileRowLanes * e;
+    ds_tile[i * kScoreLd + j] = pij[e] == 0 ? 0.f : pij[e] * (dp[e] - row_sum);
+  }
+}
 
 // Backward where the keys fit one tile (Lk <= kAttentionTile: the benchmark's 32 tokens a side, most Multi30k
 // batches): grid (B H), one block for a (sentence, head)'s dq, dk and dv. It holds the keys' and values' tiles
@@ -3288,10 +3312,7 @@ __global__ void __launch_bounds__(kAttentionThreads, kTiles == 1 ? 4 : 3)  // Dk
     __syncthreads();  // the tiles are loaded
     tile_rows_dot_rows(ds_tile, dcs, vs, Dk);  // dctx_i . v_j
     __syncthreads();  // dctx_i . v_j stored
-    float dot[kRowsPerWarp], ds[kRowsPerWarp], pk[kRowsPerWarp];
-    for (int r = 0; r < kRowsPerWarp; ++r) dot[r] = ds_tile[row_of(r) * kScoreLd + lane];
-    one_key_tile_softmax_backward(ds, pk, dot, p, ((size_t)blockIdx.x * Lq + i0) * Lk, Lq - i0, Lk, drop, keep_scale);
-    for (int r = 0; r < kRowsPerWarp; ++r) ds_tile[row_of(r) * kScoreLd + lane] = ds[r], pk_tile[row_of(r) * kScoreLd + lane] = pk[r];
+    row_softmax_backward(ds_tile, pk_tile, p, ((size_t)blockIdx.x * Lq + i0) * Lk, Lq - i0, Lk, drop, keep_scale);
     __syncthreads();  // ds and p' in place
     const int queries = (min(kAttentionTile, Lq - i0) + 7) / 8 * 8;  // (past Lq ds and p' are 0)
     Tf32Sums acc_q[kTiles];
