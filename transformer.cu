@@ -2344,11 +2344,12 @@ struct Sum {
 struct Max {
   __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
-// warp_reduce<kLanes>: over each group of kLanes adjacent lanes (a power of 2 up to 32), every lane of the warp
-// taking part, each group getting its own result.
+// warp_reduce<kLanes>: over each group of kLanes adjacent lanes (a power of 2 up to 32), each group getting its
+// own result; the shuffles name the caller's group alone, so a group may reduce while another has returned.
 template <int kLanes = 32, typename T, typename Op> __device__ T warp_reduce(T x, Op op) {
   static_assert(kLanes >= 1 && kLanes <= 32 && (kLanes & (kLanes - 1)) == 0, "groups of a power of 2 lanes");
-  for (int o = kLanes / 2; o > 0; o >>= 1) x = op(x, __shfl_xor_sync(0xffffffffu, x, o));
+  const unsigned group = kLanes == 32 ? 0xffffffffu : ((1u << kLanes) - 1) << (threadIdx.x % 32 / kLanes * kLanes);
+  for (int o = kLanes / 2; o > 0; o >>= 1) x = op(x, __shfl_xor_sync(group, x, o));
   return x;
 }
 template <typename T, typename Op> __device__ T block_reduce(T x, T* shared, Op op) {
@@ -2374,6 +2375,21 @@ constexpr int kWarpRowThreads = kWarpRows * 32;  // its threads
 static unsigned warp_row_blocks(int M) { return (M + kWarpRows - 1) / kWarpRows; }
 // The row of this thread's warp; M or more for a last block's spare warps (which return as a whole).
 __device__ int warp_row() { return blockIdx.x * kWarpRows + threadIdx.x / 32; }
+// The fused residual + LayerNorm kernels give a row kLanes adjacent lanes, not always a warp: 32 where D > 128
+// (the paper's 512: 16 elements a lane), 16 where D > 64, else 8 (the tiny model's 64: 8 elements a lane,
+// where a warp's lanes held 2 and 24 of a warp's 32 lanes idled in each sum): a warp takes 32 / kLanes rows,
+// whose sums are reduced together (3 shuffles each at 8 lanes, where a warp per row took 5 for each row).
+// row_lanes(D, f) calls f(std::integral_constant<int, kLanes>) with the row's.
+template <typename F> static void row_lanes(int D, F f) {
+  if (D > 128) f(std::integral_constant<int, 32>{});
+  else if (D > 64) f(std::integral_constant<int, 16>{});
+  else f(std::integral_constant<int, 8>{});
+}
+template <int kLanes> constexpr int kGroupRows = kWarpRowThreads / kLanes;  // rows of a block
+template <int kLanes> static unsigned group_row_blocks(int M) { return (M + kGroupRows<kLanes> - 1) / kGroupRows<kLanes>; }
+// The row of this thread's group of kLanes lanes (group_row<32>() is warp_row()); M or more for a last
+// block's spare groups (which return as a whole).
+template <int kLanes> __device__ int group_row() { return blockIdx.x * kGroupRows<kLanes> + threadIdx.x / kLanes; }
 // Threads for a row of n elements: a power of 2 from 32 to kRowThreads, no more than the row needs (fewer
 // idle threads resumed at each of block_sum's barriers; the idle ones add zeros).
 static unsigned row_threads(int n) {
@@ -3730,46 +3746,48 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
   // END SOLUTION
 }
 
-// LayerNorm's backward, one warp per row, kLayerNormRowsPerWarp rows a warp (strided over the grid): the
-// input gradient of each row, add(i, dx_i) for each of its elements i = r D + d, and the parameters'
-// gradients dg += sum_rows dy xhat, db += sum_rows dy in the same pass over dy and x (a pass of their own
-// read both again: 24.7 us of an H100's time for each of a base step's 30, 2026-11-27). Each warp sums
-// its rows' terms column by column into its own part of the shared memory (a lane its own columns: no
-// atomics), then the block's threads add the warps' sums, in warp order, to dg and db: one atomicAdd per
-// column and block (a step's 8192 rows make 256 blocks, as many as the pass of its own added from), and a
-// block's sums do not depend on how its warps were scheduled.
-constexpr int kLayerNormRowsPerWarp = 4;
-static unsigned layernorm_backward_blocks(int M) {
-  return (M + kWarpRows * kLayerNormRowsPerWarp - 1) / (kWarpRows * kLayerNormRowsPerWarp);
+// LayerNorm's backward, a row to a group of kLanes lanes (row_lanes: a warp where D > 128),
+// kLayerNormRowsPerGroup rows a group (strided over the grid): the input gradient of each row, add(i, dx_i)
+// for each of its elements i = r D + d, and the parameters' gradients dg += sum_rows dy xhat,
+// db += sum_rows dy in the same pass over dy and x (a pass of their own read both again: 24.7 us of an H100's
+// time for each of a base step's 30, 2026-11-27). Each group sums its rows' terms column by column into its
+// own part of the shared memory (a lane its own columns: no atomics), then the block's threads add the
+// groups' sums, in group order, to dg and db: one atomicAdd per column and block (a base step's 8192 rows
+// make 256 blocks, as many as the pass of its own added from), and a block's sums do not depend on how its
+// warps were scheduled.
+constexpr int kLayerNormRowsPerGroup = 4;
+template <int kLanes> static unsigned layernorm_backward_blocks(int M) {
+  constexpr int rows = kGroupRows<kLanes> * kLayerNormRowsPerGroup;  // a block's
+  return (M + rows - 1) / rows;
 }
-// The warps' sums: (kWarpRows, 2, D) floats, over the 48 KiB a launch gets without asking from D = 769 (the
-// paper's big model, D = 1024, takes 64 KiB).
-template <typename K> static size_t layernorm_backward_shared(K kernel, int D) {
-  return dynamic_shared_bytes(kernel, (size_t)kWarpRows * 2 * D * sizeof(float));
+// The groups' sums: (kGroupRows, 2, D) floats. A warp a row: over the 48 KiB a launch gets without asking
+// from D = 769 (the paper's big model, D = 1024, takes 64 KiB); 16 or 8 lanes a row: 16 KiB at most.
+template <int kLanes, typename K> static size_t layernorm_backward_shared(K kernel, int D) {
+  return dynamic_shared_bytes(kernel, (size_t)kGroupRows<kLanes> * 2 * D * sizeof(float));
 }
-template <typename Add>
+template <int kLanes, typename Add>
 __device__ void layernorm_rows_backward(float* dg, float* db, const float* dout, const float* in, const float* g, const float* mean,
                                         const float* rstd, int M, int D, Add add) {
-  const int lane = threadIdx.x % 32;
-  float* sums = dynamic_shared<float>();               // (kWarpRows, 2, D)
-  float* sg = sums + (size_t)threadIdx.x / 32 * 2 * D;  // this warp's sums of dy xhat, then of dy
+  const int lane = threadIdx.x % kLanes;
+  float* sums = dynamic_shared<float>();                     // (kGroupRows, 2, D)
+  float* sg = sums + (size_t)threadIdx.x / kLanes * 2 * D;  // this group's sums of dy xhat, then of dy
   float* sb = sg + D;
-  for (int d = lane; d < D; d += 32) sg[d] = 0, sb[d] = 0;
-  for (size_t r = warp_row(); r < (size_t)M; r += (size_t)gridDim.x * kWarpRows) {
+  for (int d = lane; d < D; d += kLanes) sg[d] = 0, sb[d] = 0;
+  for (size_t r = group_row<kLanes>(); r < (size_t)M; r += (size_t)gridDim.x * kGroupRows<kLanes>) {
     const float* x = in + r * D;
     const float* dy = dout + r * D;
     const float mu = mean[r], rs = rstd[r];  // (read once: add's stores might alias them for all nvcc knows)
     float m1 = 0, m2 = 0;
-    for (int d = lane; d < D; d += 32) {
+    for (int d = lane; d < D; d += kLanes) {
       const float xhat = (x[d] - mu) * rs;
       m1 += dy[d] * g[d];
       m2 += dy[d] * g[d] * xhat;
       sg[d] += dy[d] * xhat;
       sb[d] += dy[d];
     }
-    m1 = warp_sum(m1) / D;
-    m2 = warp_sum(m2) / D;
-    for (int d = lane; d < D; d += 32) {
+    m1 = warp_reduce<kLanes>(m1, Sum{}) / D;
+    m2 = warp_reduce<kLanes>(m2, Sum{}) / D;
+    for (int d = lane; d < D; d += kLanes) {
       const float xhat = (x[d] - mu) * rs;
       add(r * D + d, rs * (dy[d] * g[d] - m1 - xhat * m2));
     }
@@ -3777,16 +3795,17 @@ __device__ void layernorm_rows_backward(float* dg, float* db, const float* dout,
   __syncthreads();  // every warp's column sums written
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     float s_g = 0, s_b = 0;
-    for (int w = 0; w < kWarpRows; ++w) s_g += sums[(size_t)w * 2 * D + d], s_b += sums[(size_t)w * 2 * D + D + d];
+    for (int w = 0; w < kGroupRows<kLanes>; ++w) s_g += sums[(size_t)w * 2 * D + d], s_b += sums[(size_t)w * 2 * D + D + d];
     atomicAdd(&dg[d], s_g);
     atomicAdd(&db[d], s_b);
   }
 }
 
 // din added (add), or written where din was taken zeroed (took_zero_fill); dg and db added.
+template <int kLanes>
 __global__ void layernorm_backward_kernel(float* din, float* dg, float* db, const float* dout, const float* in, const float* g,
                                           const float* mean, const float* rstd, int M, int D, bool add) {
-  layernorm_rows_backward(dg, db, dout, in, g, mean, rstd, M, D, [=](size_t i, float dx) { din[i] = (add ? din[i] : 0.f) + dx; });
+  layernorm_rows_backward<kLanes>(dg, db, dout, in, g, mean, rstd, M, D, [=](size_t i, float dx) { din[i] = (add ? din[i] : 0.f) + dx; });
 }
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* in, const float* g, const float* b, int M, int D,
@@ -3798,8 +3817,11 @@ void layernorm_backward(float* din, float* dg, float* db, const float* dout, con
                         const float* mean, const float* rstd, int M, int D) {
   if (M == 0) return;
   const bool add = !took_zero_fill(din, (size_t)M * D);
-  LAUNCH(layernorm_backward_kernel, layernorm_backward_blocks(M), kWarpRowThreads, layernorm_backward_shared(layernorm_backward_kernel, D),
-         din, dg, db, dout, in, g, mean, rstd, M, D, add);
+  row_lanes(D, [&](auto lanes) {
+    constexpr int kLanes = decltype(lanes)::value;
+    LAUNCH(layernorm_backward_kernel<kLanes>, layernorm_backward_blocks<kLanes>(M), kWarpRowThreads,
+           layernorm_backward_shared<kLanes>(layernorm_backward_kernel<kLanes>, D), din, dg, db, dout, in, g, mean, rstd, M, D, add);
+  });
 }
 
 // x + Dropout(y) of element i: the sub-layer's output dropped and added to its input [§3.1, §5.4]; yb: the
@@ -3813,23 +3835,24 @@ __global__ void residual_dropout_kernel(float* out, const float* x, const float*
   drop = at_step(drop);
   GRID_STRIDE(i, n) out[i] = residual_dropout(x, y, y_bias ? y_bias + i % D : nullptr, drop, scale, i);
 }
-// One warp per row: the residual sum with its dropout, then LayerNorm of the sum, in one pass (the sum
-// is kept: the backward reads it). LayerNorm's arithmetic is layernorm_forward_kernel's. out16: out's
-// bf16 twin, or null.
+// A row to a group of kLanes lanes (row_lanes): the residual sum with its dropout, then LayerNorm of the sum,
+// in one pass (the sum is kept: the backward reads it). LayerNorm's arithmetic is layernorm_forward_kernel's
+// (a warp a row, the course's task). out16: out's bf16 twin, or null.
+template <int kLanes>
 __global__ void residual_dropout_layernorm_kernel(float* out, bf16* out16, float* sum, float* mean, float* rstd, const float* x,
                                                   const float* y, const float* y_bias, DropoutKey drop, float scale, const float* g,
                                                   const float* b, int M, int D, float eps) {
   drop = at_step(drop);
-  const int r = warp_row(), lane = threadIdx.x % 32;
+  const int r = group_row<kLanes>(), lane = threadIdx.x % kLanes;
   if (r >= M) return;
   const size_t row = (size_t)r * D;
   float s = 0;
-  for (int d = lane; d < D; d += 32) s += sum[row + d] = residual_dropout(x, y, y_bias ? y_bias + d : nullptr, drop, scale, row + d);
-  const float mu = warp_sum(s) / D;
+  for (int d = lane; d < D; d += kLanes) s += sum[row + d] = residual_dropout(x, y, y_bias ? y_bias + d : nullptr, drop, scale, row + d);
+  const float mu = warp_reduce<kLanes>(s, Sum{}) / D;
   float v = 0;
-  for (int d = lane; d < D; d += 32) v += (sum[row + d] - mu) * (sum[row + d] - mu);  // this lane's own writes
-  const float rs = 1.f / sqrtf(warp_sum(v) / D + eps);
-  for (int d = lane; d < D; d += 32) {
+  for (int d = lane; d < D; d += kLanes) v += (sum[row + d] - mu) * (sum[row + d] - mu);  // this lane's own writes
+  const float rs = 1.f / sqrtf(warp_reduce<kLanes>(v, Sum{}) / D + eps);
+  for (int d = lane; d < D; d += kLanes) {
     const float o = (sum[row + d] - mu) * rs * g[d] + b[d];
     out[row + d] = o;
     if (out16) out16[row + d] = __float2bfloat16(o);
@@ -3851,11 +3874,12 @@ __global__ void residual_dropout_backward_kernel(float* dx, float* dy, bf16* dy1
   GRID_STRIDE(i, n) residual_dropout_add(dx, dy, dy16, dout[i], drop, scale, i, add_dx, add_dy);
 }
 // LayerNorm's backward (its input gradient straight into the residual's two paths, and dg and db).
+template <int kLanes>
 __global__ void residual_dropout_layernorm_backward_kernel(float* dx, float* dy, bf16* dy16, float* dg, float* db, const float* dout,
                                                            const float* sum, const float* g, const float* mean, const float* rstd,
                                                            DropoutKey drop, float scale, int M, int D, bool add_dx, bool add_dy) {
   drop = at_step(drop);
-  layernorm_rows_backward(dg, db, dout, sum, g, mean, rstd, M, D, [=](size_t i, float dsum) {
+  layernorm_rows_backward<kLanes>(dg, db, dout, sum, g, mean, rstd, M, D, [=](size_t i, float dsum) {
     residual_dropout_add(dx, dy, dy16, dsum, drop, scale, i, add_dx, add_dy);
   });
 }
@@ -3871,8 +3895,11 @@ void residual_dropout_layernorm_forward(float* out, float* sum, float* mean, flo
   int cols = 0;
   const float* y_bias = took_bias_add(y, (size_t)M * D, &cols);
   if (y_bias && cols != D) throw std::logic_error("residual_dropout_layernorm_forward: the sub-layer's bias is not a row of D");
-  LAUNCH(residual_dropout_layernorm_kernel, warp_row_blocks(M), kWarpRowThreads, 0, out, bf16_twin_of(out, (size_t)M * D), sum, mean,
-         rstd, x, y, y_bias, drop, (float)dropout_scale(drop), g, b, M, D, (float)eps);
+  row_lanes(D, [&](auto lanes) {
+    constexpr int kLanes = decltype(lanes)::value;
+    LAUNCH(residual_dropout_layernorm_kernel<kLanes>, group_row_blocks<kLanes>(M), kWarpRowThreads, 0, out,
+           bf16_twin_of(out, (size_t)M * D), sum, mean, rstd, x, y, y_bias, drop, (float)dropout_scale(drop), g, b, M, D, (float)eps);
+  });
 }
 void residual_dropout_backward(float* dx, float* dy, const float* dout, DropoutKey drop, size_t n) {
   if (n == 0) return;
@@ -3886,9 +3913,12 @@ void residual_dropout_layernorm_backward(float* dx, float* dy, float* dg, float*
   if (M == 0) return;
   before_writing(dx, (size_t)M * D), before_writing(dy, (size_t)M * D);
   const bool add_dx = !took_zero_fill(dx, (size_t)M * D), add_dy = !took_zero_fill(dy, (size_t)M * D);
-  LAUNCH(residual_dropout_layernorm_backward_kernel, layernorm_backward_blocks(M), kWarpRowThreads,
-         layernorm_backward_shared(residual_dropout_layernorm_backward_kernel, D), dx, dy,
-         bf16_twin_of(dy, (size_t)M * D), dg, db, dout, sum, g, mean, rstd, drop, (float)dropout_scale(drop), M, D, add_dx, add_dy);
+  row_lanes(D, [&](auto lanes) {
+    constexpr int kLanes = decltype(lanes)::value;
+    LAUNCH(residual_dropout_layernorm_backward_kernel<kLanes>, layernorm_backward_blocks<kLanes>(M), kWarpRowThreads,
+           layernorm_backward_shared<kLanes>(residual_dropout_layernorm_backward_kernel<kLanes>, D), dx, dy,
+           bf16_twin_of(dy, (size_t)M * D), dg, db, dout, sum, g, mean, rstd, drop, (float)dropout_scale(drop), M, D, add_dx, add_dy);
+  });
 }
 
 // ---- §3.4 the pre-softmax projection (the shared embedding) ------------------------------------------

@@ -37,7 +37,7 @@ mutants=(
   "a product's two bf16 operands rounded into one scratch buffer (project_backward)|d, O, operand(w, (size_t)I * O, kRight), O,|d, O, operand(w, (size_t)I * O, kLeft), O,"
   "a CUDA graph that replays its capture's dropout masks (the step not read from device memory)|graphed ? dropout_step : nullptr};|nullptr};"
   "a CUDA graph that replays its capture's batch place in the step (micro not read from device memory)|key.site + key.step->micro_site);|key.site);"
-  "a producer that leaves its output's bf16 twin stale (residual + LayerNorm)|LAUNCH(residual_dropout_layernorm_kernel, warp_row_blocks(M), kWarpRowThreads, 0, out, bf16_twin_of(out, (size_t)M * D),|LAUNCH(residual_dropout_layernorm_kernel, warp_row_blocks(M), kWarpRowThreads, 0, out, nullptr,"
+  "a producer that leaves its output's bf16 twin stale (residual + LayerNorm)|kWarpRowThreads, 0, out,\n           bf16_twin_of(out, (size_t)M * D), sum, mean,|kWarpRowThreads, 0, out,\n           nullptr, sum, mean,"
   "an FFN backward that takes the ReLU's mask from h, not from h's twin listed alone (h not written)|dh32, dh16, dw.b1, a.h, bf16_twin_of(a.h, n), (size_t)M,|dh32, dh16, dw.b1, a.h, nullptr, (size_t)M,"
   "an FFN forward whose gate reads hpre in fp32, which in bf16 its product no longer writes (only the rounding, in h16's place)|h16, h16 ? nullptr : a.hpre, w.b1,|h16, a.hpre, w.b1,"
   "a warp-level sync where the block must meet (the one-key-tile attention backward: ds read by key before the other warps stage it)|__syncthreads();  // ds and p' staged by every warp|__syncwarp();  // ds and p' staged by every warp"
