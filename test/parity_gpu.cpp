@@ -1335,11 +1335,13 @@ int main() {
     gpu::release(dvalid);
   }
   // The logits with a twin listed alone, as in a training step: the output projection writes the twin and not
-  // the logits, and the loss's forward and backward read the twin. The loss, lse and the logits' gradient have
-  // the same bits as from fp32 logits that hold the twin's values (the product writes them in fp32, and then
-  // the twin's values are uploaded over them: on a GPU cuBLAS may round an fp32 result and a bf16 one by
-  // other paths). 300 logits a row: a lane reads two of its batches of 8, the second partial; padding's
-  // rows get no gradient.
+  // the logits, and the loss's forward and backward read the twin. lse and the logits' gradient have the same
+  // bits as from fp32 logits that hold the twin's values (the product writes them in fp32, and then the
+  // twin's values are uploaded over them: on a GPU cuBLAS may round an fp32 result and a bf16 one by other
+  // paths), and the loss the same value but for the order of its rows' atomic adds in double, which neither
+  // a GPU nor the emulated one under a shuffled order fixes (it differed in its last bit under
+  // CUDA_EMULATOR_ORDER=shuffle). 300 logits a row: a lane reads two of its batches of 8, the second
+  // partial; padding's rows get no gradient.
   {
     Rand rl{13};
     const int Vl = 300;
@@ -1350,6 +1352,7 @@ int main() {
     gpu::upload(dt, targets.data(), M);
     const size_t n = (size_t)M * Vl;
     std::vector<float> twin;  // the twin's values, which the run alone (the first) leaves for the other
+    double losses[2] = {};    // apart, alone
     const auto run = [&](bool alone, size_t* logits_written) {
       Buf logits(zeros(n)), lse(zeros(M)), dlogits(zeros(n));
       logits.poison();
@@ -1362,9 +1365,8 @@ int main() {
       gpu::label_smoothed_xent_backward(dlogits.d, logits.d, lse.d, dt, M, Vl, 0.1, LabelSmoothing::others_only, kPadId);
       if (alone) gpu::set_bf16_twins({}, nullptr);
       *logits_written = written_past_twin(logits.d, n);
-      float bits[2];  // the loss's double, bit for bit
-      std::memcpy(bits, &loss, sizeof loss);
-      std::vector<float> all(bits, bits + 2);
+      losses[alone] = loss;
+      std::vector<float> all;
       for (const Buf* b : {&lse, &dlogits}) {
         const std::vector<float> v = b->get();
         all.insert(all.end(), v.begin(), v.end());
@@ -1372,6 +1374,11 @@ int main() {
       return all;
     };
     same_with_twin_alone(ck, "loss", "logits", n, run);
+    const double loss_diff = std::fabs(losses[1] - losses[0]) / std::fabs(losses[0]), loss_bound = 1e-13;
+    std::printf("  %-44s rel diff %.3g (bound %.0e: the rows' atomic adds in another order)\n", "bf16 loss, logits's twin alone: the loss",
+                loss_diff, loss_bound);
+    ck.expect(loss_diff <= loss_bound, "bf16 loss with logits's twin alone: the loss %.17g against %.17g rounded apart (rel diff %.3g > %.0e)",
+              losses[1], losses[0], loss_diff, loss_bound);
     gpu::release(dt);
   }
   // Attention's inputs q, k, v and dctx read from bf16 twins listed alone, as a training step's attention reads
