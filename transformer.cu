@@ -2367,8 +2367,9 @@ template <typename T> __device__ T block_sum(T x, T* shared) { return block_redu
 __device__ float block_max(float x, float* shared) { return block_reduce(x, shared, Max{}); }
 constexpr int kRowThreads = 256;            // threads of a block_sum's block at most
 constexpr int kRowWarps = kRowThreads / 32;  // the elements of its shared array
-// The one-warp-per-row kernels (LayerNorm, the loss): a row's lanes stride over it and its sums are
-// warp_sum()s, so no thread waits at a block barrier. They serve the training step's rows, thousands of
+// The one-warp-per-row kernels (LayerNorm, the loss; the fused residual + LayerNorm ones give a small row
+// fewer lanes, row_lanes below): a row's lanes stride over it and its sums are warp_reduce()s, so no thread
+// waits at a block barrier. They serve the training step's rows, thousands of
 // them (a batch's tokens), enough warps to fill a GPU; decoding's few rows take a block each (block_sum).
 constexpr int kWarpRows = 8;                      // rows (warps) of a block
 constexpr int kWarpRowThreads = kWarpRows * 32;  // its threads
@@ -3075,7 +3076,8 @@ using Tf32Sums = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 8, fl
 template <typename ALayout, typename BLayout>
 __device__ __forceinline__ void add_tf32_product(Tf32Sums& acc, const float* a, int lda, const float* b, int ldb, int n) {
   namespace wmma = nvcuda::wmma;
-  // not unrolled: sm_90 spills at Dk 64 and 96 fall from 68 and 92 bytes to 16 and 44
+  // not unrolled: sm_90 spills at Dk 64 and 96 fell from 68 and 92 bytes to 16 and 44 (the forward with fp32
+  // inputs, when each lane held a key of 4 rows; since a row's scores went to 8 lanes, 0 and 0)
 #pragma unroll 1
   for (int k = 0; k < n; k += 8) {
     wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, ALayout> fa;
@@ -3293,8 +3295,8 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
 
 // The same on the tensor cores (products not fp32, Dk a multiple of 16, as the forward): a block holds a
 // (sentence, head)'s keys and values and takes the query tiles in turn, its products TF32 wmma with fp32 sums.
-// Warps 0-3 form dctx_i . v_j (a 16 x 16 quarter each) into shared memory, where each lane reads its key's of
-// the warp's rows and leaves ds_ij and p'_ij in their tiles (one_key_tile_softmax_backward); each warp then
+// Warps 0-3 form dctx_i . v_j (a 16 x 16 quarter each) into shared memory, where each row's 8 lanes read it and
+// leave ds_ij and p'_ij in their tiles (row_softmax_backward); each warp then
 // forms its tiles of dq = scale ds K (16 queries by 16 columns, through the queries' tile to dq) and adds to its
 // tiles of dk = scale ds^T Q and dv = p'^T dctx (16 keys by 16 columns, in fragments over the query tiles, at
 // the end through the keys' and values' tiles), reading ds and p' transposed (column-major) where they lie.
@@ -3727,7 +3729,7 @@ void ffn_backward(float* din, const FfnWeights<float>& dw, float* dh, const floa
   linear_backward(din, add_din, dw.w1, nullptr, Operand{dh, dh16}, in, w.w1, M, D, F);  // b1's gradient: the gate's pass
 }
 
-// ---- §3.1 LayerNorm and the residual connection: one warp per row ----------------------------------
+// ---- §3.1 LayerNorm and the residual connection: a warp per row (fewer lanes for a small one) ----------
 __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* in, const float* g, const float* b,
                                          int M, int D, float eps) {
   // BEGIN SOLUTION task=layernorm_kernel points=5
@@ -3760,17 +3762,23 @@ template <int kLanes> static unsigned layernorm_backward_blocks(int M) {
   constexpr int rows = kGroupRows<kLanes> * kLayerNormRowsPerGroup;  // a block's
   return (M + rows - 1) / rows;
 }
-// The groups' sums: (kGroupRows, 2, D) floats. A warp a row: over the 48 KiB a launch gets without asking
-// from D = 769 (the paper's big model, D = 1024, takes 64 KiB); 16 or 8 lanes a row: 16 KiB at most.
+// A group's sums, sum dy xhat then sum dy (D floats each), and their stride in floats: 2 D rounded up to 32
+// (banks), plus kLanes where a group is less than a warp, so that the groups of a warp, each lane at its own
+// columns, hit distinct banks (at D 64, 8 lanes, 2 D apart, the warp's 4 groups shared the same 8 banks).
+template <int kLanes> __host__ __device__ constexpr int layernorm_group_floats(int D) { return (2 * D + 31) / 32 * 32 + kLanes % 32; }
+// The groups' sums: (kGroupRows, layernorm_group_floats) floats. A warp a row: over the 48 KiB a launch gets
+// without asking from D = 769 (the paper's big model, D = 1024, takes 64 KiB); 16 or 8 lanes a row: 17 KiB at
+// most.
 template <int kLanes, typename K> static size_t layernorm_backward_shared(K kernel, int D) {
-  return dynamic_shared_bytes(kernel, (size_t)kGroupRows<kLanes> * 2 * D * sizeof(float));
+  return dynamic_shared_bytes(kernel, (size_t)kGroupRows<kLanes> * layernorm_group_floats<kLanes>(D) * sizeof(float));
 }
 template <int kLanes, typename Add>
 __device__ void layernorm_rows_backward(float* dg, float* db, const float* dout, const float* in, const float* g, const float* mean,
                                         const float* rstd, int M, int D, Add add) {
   const int lane = threadIdx.x % kLanes;
-  float* sums = dynamic_shared<float>();                     // (kGroupRows, 2, D)
-  float* sg = sums + (size_t)threadIdx.x / kLanes * 2 * D;  // this group's sums of dy xhat, then of dy
+  const int stride = layernorm_group_floats<kLanes>(D);
+  float* sums = dynamic_shared<float>();                      // (kGroupRows, stride)
+  float* sg = sums + (size_t)threadIdx.x / kLanes * stride;  // this group's sums of dy xhat, then of dy
   float* sb = sg + D;
   for (int d = lane; d < D; d += kLanes) sg[d] = 0, sb[d] = 0;
   for (size_t r = group_row<kLanes>(); r < (size_t)M; r += (size_t)gridDim.x * kGroupRows<kLanes>) {
@@ -3792,10 +3800,10 @@ __device__ void layernorm_rows_backward(float* dg, float* db, const float* dout,
       add(r * D + d, rs * (dy[d] * g[d] - m1 - xhat * m2));
     }
   }
-  __syncthreads();  // every warp's column sums written
+  __syncthreads();  // every group's column sums written
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     float s_g = 0, s_b = 0;
-    for (int w = 0; w < kGroupRows<kLanes>; ++w) s_g += sums[(size_t)w * 2 * D + d], s_b += sums[(size_t)w * 2 * D + D + d];
+    for (int w = 0; w < kGroupRows<kLanes>; ++w) s_g += sums[(size_t)w * stride + d], s_b += sums[(size_t)w * stride + D + d];
     atomicAdd(&dg[d], s_g);
     atomicAdd(&db[d], s_b);
   }

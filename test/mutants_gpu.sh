@@ -48,7 +48,7 @@ mutants=(
   "an op that takes a deferred zero fill and still adds into the buffer (the residual's backward, dy)|dy[i] = (add_dy ? dy[i] : 0.f) +|dy[i] = dy[i] +"
   "b1's gradient stored by each block of the FFN's gate pass, not added (a lost update)|atomicAdd(&db[c], sum);|db[c] = sum;"
   "a tile's asynchronous copies not waited for (wait_for_copies: the tiles read while their copies may still be in flight)|  __pipeline_commit();\n  __pipeline_wait_prior(0);\n|  __pipeline_commit();\n"
-  "LayerNorm's column sums added to dg and db before every warp of the block has written its own (the barrier removed)|  __syncthreads();  // every warp's column sums written\n|"
+  "LayerNorm's column sums added to dg and db before every warp of the block has written its own (the barrier removed)|  __syncthreads();  // every group's column sums written\n|"
   "the tensor-core attention's scores (and dctx . v) reading the second tile as K, not K^T (a wmma operand's layout)|add_tf32_product<wmma::row_major, wmma::col_major>(st, a|add_tf32_product<wmma::row_major, wmma::row_major>(st, a"
   "the tensor cores' operands not rounded to TF32 (wmma then reads them truncated)|    for (int e = 0; e < fa.num_elements; ++e) fa.x[e] = wmma::__float_to_tf32(fa.x[e]);\n    for (int e = 0; e < fb.num_elements; ++e) fb.x[e] = wmma::__float_to_tf32(fb.x[e]);\n|"
   "the tensor-core attention's scores read before the warps that form them have stored them (the barrier removed)|    __syncthreads();  // the scores are stored (and the key tile read)\n|"
