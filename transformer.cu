@@ -2373,9 +2373,6 @@ constexpr int kRowWarps = kRowThreads / 32;  // the elements of its shared array
 // them (a batch's tokens), enough warps to fill a GPU; decoding's few rows take a block each (block_sum).
 constexpr int kWarpRows = 8;                      // rows (warps) of a block
 constexpr int kWarpRowThreads = kWarpRows * 32;  // its threads
-static unsigned warp_row_blocks(int M) { return (M + kWarpRows - 1) / kWarpRows; }
-// The row of this thread's warp; M or more for a last block's spare warps (which return as a whole).
-__device__ int warp_row() { return blockIdx.x * kWarpRows + threadIdx.x / 32; }
 // The fused residual + LayerNorm kernels give a row kLanes adjacent lanes, not always a warp: 32 where D > 128
 // (the paper's 512: 16 elements a lane), 16 where D > 64, else 8 (the tiny model's 64: 8 elements a lane,
 // where a warp's lanes held 2 and 24 of a warp's 32 lanes idled in each sum): a warp takes 32 / kLanes rows,
@@ -2388,9 +2385,12 @@ template <typename F> static void row_lanes(int D, F f) {
 }
 template <int kLanes> constexpr int kGroupRows = kWarpRowThreads / kLanes;  // rows of a block
 template <int kLanes> static unsigned group_row_blocks(int M) { return (M + kGroupRows<kLanes> - 1) / kGroupRows<kLanes>; }
-// The row of this thread's group of kLanes lanes (group_row<32>() is warp_row()); M or more for a last
-// block's spare groups (which return as a whole).
+// The row of this thread's group of kLanes lanes; M or more for a last block's spare groups (which return as
+// a whole).
 template <int kLanes> __device__ int group_row() { return blockIdx.x * kGroupRows<kLanes> + threadIdx.x / kLanes; }
+// A warp a row: the blocks for M rows, and the row of this thread's warp.
+static unsigned warp_row_blocks(int M) { return group_row_blocks<32>(M); }
+__device__ int warp_row() { return group_row<32>(); }
 // Threads for a row of n elements: a power of 2 from 32 to kRowThreads, no more than the row needs (fewer
 // idle threads resumed at each of block_sum's barriers; the idle ones add zeros).
 static unsigned row_threads(int n) {
@@ -3038,7 +3038,7 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)  // 4 blocks an SM: at m
 // passes of attention_forward_kernel, each key tile's scores q_i . k_j and weighted sum sum_j p'_ij v_j formed
 // as 16 x 16 tiles by the warps. The scores go through shared memory (32 x 32, kScoreLd floats a row): warps
 // 0-3 each form a quarter, then each row's scores are read by kTileRowLanes adjacent lanes, kTileRowKeys keys a
-// lane (key_of: lane c of the row takes keys c, c + 8, c + 16, c + 24), whose max and sum of exponentials are
+// lane (tile_row_key: lane c of the row takes keys c, c + 8, c + 16, c + 24), whose max and sum of exponentials are
 // a reduction over those 8 lanes (row_softmax_statistics), and each lane writes p'_ij where it read s_ij; each
 // warp sums its kTiles tiles of ctx (16 rows, 16 of the head's columns) in fragments over the key tiles, and
 // the fragments pass through the query tile's space to the context rows. Its scores and sums differ from the
@@ -3047,6 +3047,9 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)  // 4 blocks an SM: at m
 constexpr int kScoreLd = kAttentionTile + 4;  // a multiple of 4 floats (wmma), not of 32 (banks)
 constexpr int kTileRowLanes = kAttentionThreads / kAttentionTile;  // 8 lanes a row of the scores' tile
 constexpr int kTileRowKeys = kAttentionTile / kTileRowLanes;       // 4 keys a lane
+// The calling thread's e-th key of its row of the tile (of kTileRowKeys): lane c of the row takes keys c, c + 8,
+// c + 16, c + 24, so the row's 8 lanes' e-th keys are 8 adjacent floats (one 32-byte sector of p).
+__device__ int tile_row_key(int e) { return threadIdx.x % kTileRowLanes + kTileRowLanes * e; }
 // The tensor-core forward's first pass: m, the max of the scores of this thread's row, and l, its sum of
 // exp(s_ij - m), over the key tiles in turn (scores(s, j0) leaves the thread's keys' scores of the tile at j0 in
 // s, -inf where masked), the sum rescaled as the max grows: as softmax_statistics, over the row's 8 lanes (3
@@ -3126,8 +3129,6 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
   float* ss = vs + kAttentionTile * ld;  // (32, kScoreLd): a key tile's scores, then its p'_ij
   const float scale = rsqrtf((float)Dk), keep_scale = (float)dropout_scale(drop);
   const size_t p_row = ((size_t)blockIdx.x * Lq + i) * Lk;  // p's offset of row i
-  // the thread's e-th key of a tile: 8 lanes' e-th keys are 8 adjacent floats of the row (one 32-byte sector of p)
-  auto key_of = [&](int e) { return threadIdx.x % kTileRowLanes + kTileRowLanes * e; };
   // s[e] = s_ij of the thread's row i and its e-th key j of the key tile at j0, -inf where j is masked
   auto scores = [&](float (&s)[kTileRowKeys], int j0) {
     if (Lk > kAttentionTile) load_head_tile(ks, k, b, h, Lk, j0, D, Dk);
@@ -3135,9 +3136,9 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
     tile_rows_dot_rows(ss, qs, ks, Dk);  // q_i . k_j
     __syncthreads();  // the scores are stored (and the key tile read)
     for (int e = 0; e < kTileRowKeys; ++e) {
-      const int j = j0 + key_of(e);
+      const int j = j0 + tile_row_key(e);
       const bool visible = j < Lk && key_valid[(size_t)b * Lk + j] && (!causal || j <= i);
-      s[e] = visible ? ss[row * kScoreLd + key_of(e)] * scale : -INFINITY;
+      s[e] = visible ? ss[row * kScoreLd + tile_row_key(e)] * scale : -INFINITY;
     }
   };
   copy_head_tile(qs, q, b, h, Lq, i0, D, Dk);
@@ -3150,8 +3151,8 @@ __global__ void __launch_bounds__(kAttentionThreads, 4)
   for (int j0 = 0; j0 < Lk; j0 += kAttentionTile) {
     if (Lk > kAttentionTile) scores(s, j0), load_head_tile(vs, v, b, h, Lk, j0, D, Dk);  // else s holds the only tile's scores
     for (int e = 0; e < kTileRowKeys; ++e) {
-      const int j = j0 + key_of(e);
-      ss[row * kScoreLd + key_of(e)] = attention_weight(p, p_row + j, i < Lq && j < Lk, s[e], m, l, drop, keep_scale);
+      const int j = j0 + tile_row_key(e);
+      ss[row * kScoreLd + tile_row_key(e)] = attention_weight(p, p_row + j, i < Lq && j < Lk, s[e], m, l, drop, keep_scale);
     }
     __syncthreads();  // p' and the value tile are in place
     const int keys = (min(kAttentionTile, Lk - j0) + 7) / 8 * 8;  // (past Lk p' is 0, and the value rows too)
@@ -3212,7 +3213,7 @@ __device__ void row_softmax_backward(float* ds_tile, float* pk_tile, const float
   const int i = threadIdx.x / kTileRowLanes;
   float pij[kTileRowKeys], dp[kTileRowKeys], row_sum = 0;
   for (int e = 0; e < kTileRowKeys; ++e) {
-    const int j = threadIdx.x % kTileRowLanes + kTileRowLanes * e;
+    const int j = tile_row_key(e);
     const size_t ij = p_tile + (size_t)i * Lk + j;
     pij[e] = i < rows && j < Lk ? p[ij] : 0.f;
     const float kij = pij[e] == 0 ? 0.f : keep_factor(drop, ij, keep_scale);
@@ -3222,7 +3223,7 @@ __device__ void row_softmax_backward(float* ds_tile, float* pk_tile, const float
   }
   row_sum = warp_reduce<kTileRowLanes>(row_sum, Sum{});
   for (int e = 0; e < kTileRowKeys; ++e) {
-    const int j = threadIdx.x % kTileRowLanes + kTileRowLanes * e;
+    const int j = tile_row_key(e);
     ds_tile[i * kScoreLd + j] = pij[e] == 0 ? 0.f : pij[e] * (dp[e] - row_sum);
   }
 }
