@@ -14,7 +14,9 @@
 # `make test CTEST_ARGS="-LE emulated"` leaves them out (CI runs them once, not in every configuration).
 #
 # Objects go to build/; a stamp records the configuration (compiler flags included) so switching CPU=1 or
-# SANITIZE=1 on or off rebuilds everything: sanitized and plain objects never mix.
+# SANITIZE=1 on or off rebuilds everything: sanitized and plain objects never mix. build/grade/ and build/emu/'s
+# ./train keep stamps of what they are built with (the former's flags leave out nvcc's, so a CPU=1 and an
+# nvcc build share it).
 
 CXX      ?= g++
 CXXFLAGS ?= -O3 -g
@@ -127,7 +129,10 @@ HEADERS  := $(wildcard *.h data/*.h test/*.h)
 # tasks there, no GPU needed), with its own objects in build/grade/; so are `bench --count` (make bench's
 # counts of what a training step asks of the GPU) and a ./train without MPI, whose GPU path
 # test/bf16_numbers.sh trains in bf16 (build/emu's, under the sanitizers, runs 4 times slower).
+# Its flags are the configuration's but for the GPU's (so that CPU=1 and nvcc builds share its objects), with a
+# stamp of their own.
 GRADE_BUILD := $(BUILD)/grade
+GRADE_CXXFLAGS := $(filter-out $(EMULATED_GPU),$(CXXFLAGS)) $(EMULATED_GPU)
 GRADE_OBJS  := $(GRADE_BUILD)/transformer.o $(patsubst %.cpp,$(GRADE_BUILD)/%.o,$(LIB_SRCS))
 COURSE      := $(patsubst course/%.cpp,$(GRADE_BUILD)/course/%,$(wildcard course/*.cpp))
 EMU_OBJS := $(EMU_BUILD)/transformer.o $(patsubst %.cpp,$(EMU_BUILD)/%.o,$(LIB_SRCS))
@@ -136,9 +141,13 @@ EMU_OBJS := $(EMU_BUILD)/transformer.o $(patsubst %.cpp,$(EMU_BUILD)/%.o,$(LIB_S
 .SECONDARY:  # keep the objects: they are intermediate files of pattern rules
 all: $(PROGRAMS) $(TESTS)
 
+# stamp WORDS: the recipe of a stamp that records WORDS, rewritten (so that what depends on it is built again)
+# only when they change
+stamp = @mkdir -p $(dir $@); echo '$(1)' | cmp -s - $@ || echo '$(1)' > $@
 $(BUILD)/config.stamp: FORCE
-	@mkdir -p $(BUILD)
-	@echo '$(CONFIG) $(CXXFLAGS)' | cmp -s - $@ || echo '$(CONFIG) $(CXXFLAGS)' > $@
+	$(call stamp,$(CONFIG) $(CXXFLAGS))
+$(GRADE_BUILD)/config.stamp: FORCE
+	$(call stamp,$(GRADE_CXXFLAGS))
 
 ifneq ($(NVCC),)
 $(BUILD)/transformer.o: transformer.cu $(HEADERS) $(BUILD)/config.stamp
@@ -160,8 +169,10 @@ $(EMU_BUILD)/test/%: $(EMU_BUILD)/test/%.o $(EMU_OBJS)
 	$(CXX) $(EMU_CXXFLAGS) $^ -o $@ $(EMU_LDLIBS)
 
 # ./train on the emulated GPU: test/data_parallel.sh runs its GPU path (gradients in "device" buffers) over MPI
-$(EMU_BUILD)/train.o: EMU_CXXFLAGS += $(TRAIN_FLAGS)
-$(EMU_BUILD)/train.o: $(BUILD)/config.stamp  # MPI found or lost: build again
+$(EMU_BUILD)/train.o: private EMU_CXXFLAGS += $(TRAIN_FLAGS)
+$(EMU_BUILD)/train.o: $(EMU_BUILD)/mpi.stamp  # MPI found or lost: build again
+$(EMU_BUILD)/mpi.stamp: FORCE
+	$(call stamp,$(TRAIN_FLAGS) $(MPI_LIBS))
 $(EMU_BUILD)/train: $(EMU_BUILD)/train.o $(EMU_OBJS)
 	$(CXX) $(EMU_CXXFLAGS) $^ -o $@ $(EMU_LDLIBS) $(MPI_LIBS)
 
@@ -172,23 +183,23 @@ $(BUILD)/%.o: %.cpp $(HEADERS) $(BUILD)/config.stamp
 $(PROGRAMS): %: $(BUILD)/%.o $(LIB_OBJS)
 	$(CXX) $^ -o $@ $(LDLIBS)
 
-$(BUILD)/train.o: CXXFLAGS += $(TRAIN_FLAGS)
-train: LDLIBS += $(MPI_LIBS) $(NCCL_LIBS)
+$(BUILD)/train.o: private CXXFLAGS += $(TRAIN_FLAGS)
+train: private LDLIBS += $(MPI_LIBS) $(NCCL_LIBS)
 
 $(BUILD)/test/%: $(BUILD)/test/%.o $(LIB_OBJS)
 	$(CXX) $^ -o $@ $(LDLIBS)
 
-$(GRADE_BUILD)/transformer.o: transformer.cu $(HEADERS) $(BUILD)/config.stamp
+$(GRADE_BUILD)/transformer.o: transformer.cu $(HEADERS) $(GRADE_BUILD)/config.stamp
 	@mkdir -p $(dir $@)
-	$(CXX) $(CXXFLAGS) $(EMULATED_GPU) -x c++ -c $< -o $@
+	$(CXX) $(GRADE_CXXFLAGS) -x c++ -c $< -o $@
 
-$(GRADE_BUILD)/course/%.o: course/%.cpp $(HEADERS) $(wildcard course/*.h) $(BUILD)/config.stamp
+$(GRADE_BUILD)/course/%.o: course/%.cpp $(HEADERS) $(wildcard course/*.h) $(GRADE_BUILD)/config.stamp
 	@mkdir -p $(dir $@)
-	$(CXX) $(CXXFLAGS) $(EMULATED_GPU) -c $< -o $@
+	$(CXX) $(GRADE_CXXFLAGS) -c $< -o $@
 
-$(GRADE_BUILD)/%.o: %.cpp $(HEADERS) $(BUILD)/config.stamp
+$(GRADE_BUILD)/%.o: %.cpp $(HEADERS) $(GRADE_BUILD)/config.stamp
 	@mkdir -p $(dir $@)
-	$(CXX) $(CXXFLAGS) $(EMULATED_GPU) -c $< -o $@
+	$(CXX) $(GRADE_CXXFLAGS) -c $< -o $@
 
 $(GRADE_BUILD)/course/%: $(GRADE_BUILD)/course/%.o $(GRADE_OBJS)
 	$(CXX) $^ -o $@ $(EMU_LDLIBS)
@@ -209,11 +220,13 @@ test: all emu $(COURSE) $(GRADE_BUILD)/test/bench $(GRADE_BUILD)/train
 	OMP_WAIT_POLICY=passive ctest --test-dir test --output-on-failure -j$(TEST_JOBS) $(CTEST_ARGS)
 
 # Bugs planted in copies of transformer.cu, each of which the emulated parity_gpu must catch. A mutant's
-# transformer.cu is compiled without a sanitizer and with line tables only (-g1) first (in 55% of the time of
-# a build with AddressSanitizer), and again with AddressSanitizer if that build passes (a write past a
-# buffer's end may show only there): compiling is most of what the mutants cost. Every planted bug shows as
-# a wrong result, an access out of bounds or a refused call: none needs UndefinedBehaviorSanitizer.
-MUTANT_CXXFLAGS := $(filter-out -g $(SANITIZE_FLAGS),$(EMU_CXXFLAGS)) -g1
+# transformer.cu is compiled at -Og, without a sanitizer and with line tables only (-g1) first, and again
+# with AddressSanitizer if that build passes (a write past a buffer's end may show only there): compiling is
+# most of what the mutants cost, and -Og compiles in 13 s where build/emu's -O1 takes 29 s (without a
+# sanitizer; its parity_gpu runs in 20 s instead of 13, and most mutants stop at a check long before the
+# end). Every planted bug shows as a wrong result, an access out of bounds or a refused call: none needs
+# UndefinedBehaviorSanitizer.
+MUTANT_CXXFLAGS := $(filter-out -O1 -g $(SANITIZE_FLAGS),$(EMU_CXXFLAGS)) -Og -g1
 mutants: emu
 	bash test/mutants_gpu.sh "$(CXX)" "$(MUTANT_CXXFLAGS)" "-fsanitize=address -fno-omit-frame-pointer" \
 	  "$(EMU_CXXFLAGS)" "$(EMU_LDLIBS)" \

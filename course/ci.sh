@@ -17,7 +17,8 @@
 #   6. `make submission` packs the edited files and warns about any other changed file;
 #   7. Gradescope's run_autograder (course/gradescope/) on the every-task handout with the hidden example:
 #      the solution's files submitted score 100% with hidden tests, a submission that does not build 0.
-# Trees are built with CXXFLAGS=-O1 from one baseline build: a job rebuilds only what its change touches.
+# Trees are built with CXXFLAGS=-Og from one baseline build: a job rebuilds only what its change touches (the
+# solution's tree builds in 23 s at -Og where -O1 took 34, and its grading takes 2 s instead of 1).
 #   bash course/ci.sh            everything (jobs in parallel, one per core)
 #   bash course/ci.sh --job J    one tree: "blank TASK,...", "blank all" or
 #                                "mutant TASK=KIND,... [BLANKED,...]" (used internally)
@@ -25,7 +26,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 cores=$(getconf _NPROCESSORS_ONLN)  # not nproc: it obeys OMP_NUM_THREADS, set to 1 below for the grader
-export CXXFLAGS="-O1 -g0" OMP_NUM_THREADS=1
+export CXXFLAGS="-Og -g0" OMP_NUM_THREADS=1
 work=${COURSE_CI_WORK:-}
 
 # The verdict on one graded tree: reads its results.json and the grader's task list (for the order).

@@ -5,8 +5,8 @@
 #   a mutant is caught when parity_gpu exits non-zero under the inorder or the reverse thread order
 #   (a failed check, an emulator finding, a sanitizer report); it survives when both pass. parity_gpu runs
 #   with CHECK_FAIL_FAST=1 (test/check.h): it stops at its first failed check, as that catches the mutant.
-#   Each mutant's transformer.cu is first built without a sanitizer (in 55% of the time of a build with
-#   AddressSanitizer, and it runs in 58% of the time): most bugs show as a wrong result or a refused call.
+#   Each mutant's transformer.cu is first built without a sanitizer (at -Og: the Makefile's MUTANT_CXXFLAGS):
+#   most bugs show as a wrong result or a refused call.
 #   One that passes there is built again with AddressSanitizer and run again: a write past a buffer's end
 #   may show only there.
 # Mutants are built and run one a core. The unmutated source must pass (the control, run beside the first
