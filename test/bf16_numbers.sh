@@ -30,6 +30,8 @@ exact_match() {
   "$train" --data numbers --seed 1 "${length[@]}" --val-sentences 1 --quiet "$@" --out "$out" > "$out.log" 2>&1 ||
     { echo "FAIL bf16_numbers: ./train $* failed:" >&2; tail -3 "$out.log" >&2; return 1; }
   echo "$name: $(grep '^test:' "$out.log") ($((SECONDS - start)) s)" >&2
+  # ./train's default --test-sentences: the whole test split
+  grep -q '^test: .* on 500 sentences (greedy)$' "$out.log" || { echo "FAIL bf16_numbers: $name did not decode all 500 test sentences" >&2; return 1; }
   sed -n 's/^test: .*exact match \([0-9.]*\)%.*/\1/p' "$out.log"
 }
 fp32=$(exact_match fp32 --device cpu) && bf16=$(exact_match bf16 --device cuda --precision bf16) || exit 1

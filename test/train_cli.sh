@@ -111,7 +111,7 @@ check "the last good checkpoint still translates" sh -c "echo 'twenty-one' | '$r
 check "--help lists the options with defaults" sh -c "'$train' --help | grep -q -- '--batch-tokens N .*default 4096'"
 
 # 6. One captured log, in order; the curves
-"$train" --data numbers --max-steps 60 --val-every 20 --val-sentences 20 --out ordered > ordered.log 2>&1
+"$train" --data numbers --max-steps 60 --val-every 20 --val-sentences 20 --test-sentences 20 --out ordered > ordered.log 2>&1
 first() { grep -n -m1 -- "$1" ordered.log | cut -d: -f1; }
 order=""
 for p in "^BPE: " "^data: " "^batches: " "^model: " "^step 1 | " "^validation at step 20:" "^validation at step 40:" \
