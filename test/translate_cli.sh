@@ -14,7 +14,7 @@ trap 'rm -rf "$work"' EXIT
 cd "$work"
 NAME=translate_cli
 source "$root/test/cli_check.sh"
-"$root/train" --data numbers --quiet --max-steps 300 --val-every 1000000 --val-sentences 10 --out run > train.log 2>&1 ||
+"$root/train" --data numbers --quiet --max-steps 300 --val-every 1000000 --val-sentences 10 --test-sentences 1 --out run > train.log 2>&1 ||
   { echo "translate_cli: training the test model failed"; cat train.log; exit 1; }
 m=(-m run/model.bin)
 
