@@ -881,17 +881,20 @@ template <typename T> void transformer_init(Transformer<T>& m, uint64_t seed) {
   m.step = 0;
 }
 
-// Carves the activation arena for one batch shape: called once to count, once to point. Without hidden_fp32,
-// the FFN's pre-activations and their gradient's scratch are left out (null): the GPU in bf16 writes only
-// their roundings (ffn_forward, ffn_backward).
+// Carves the activation arena for one batch shape: called once to count, once to point. With twins_alone (a
+// bf16 pass on the GPU), the buffers that it writes only rounded are carved for that: the FFN's
+// pre-activations and their gradient's scratch are left out (null), as ffn_forward and ffn_backward write only
+// their roundings; the buffers whose bf16 twins are listed alone (GpuModel::keep_bf16_twins: attention's q,
+// k, v and ctx, the FFN's h, the logits and their gradient) take the twin's bytes, half of their fp32 ones.
 template <typename T>
-static size_t carve_activations(Activations<T>& a, const Config& c, int B, int S, int Tl, T* base, bool hidden_fp32 = true) {
+static size_t carve_activations(Activations<T>& a, const Config& c, int B, int S, int Tl, T* base, bool twins_alone = false) {
   size_t used = 0;
   auto take = [&](size_t n) -> T* {  // each buffer 64 elements aligned (256 bytes in fp32: vector loads, a twin alone)
     T* p = base ? base + used : nullptr;
     used += (n + 63) / 64 * 64;
     return p;
   };
+  auto take_alone = [&](size_t n) { return take(twins_alone ? (n + 1) / 2 : n); };  // n elements, a twin alone's bytes
   const size_t D = c.D, H = c.H, Ms = (size_t)B * S, Mt = (size_t)B * Tl, Mmax = std::max(Ms, Mt);
   auto sublayer = [&](size_t M) {
     SublayerActs<T> s{};
@@ -904,9 +907,10 @@ static size_t carve_activations(Activations<T>& a, const Config& c, int B, int S
     return s;
   };
   auto attention = [&](size_t Lq, size_t Lk) {
-    return AttentionActs<T>{take(B * Lq * D), take(B * Lk * D), take(B * Lk * D), take(B * H * Lq * Lk), take(B * Lq * D)};
+    return AttentionActs<T>{take_alone(B * Lq * D), take_alone(B * Lk * D), take_alone(B * Lk * D), take(B * H * Lq * Lk),
+                            take_alone(B * Lq * D)};
   };
-  auto ffn = [&](size_t M) { return FfnActs<T>{hidden_fp32 ? take(M * c.F) : nullptr, take(M * c.F)}; };
+  auto ffn = [&](size_t M) { return FfnActs<T>{twins_alone ? nullptr : take(M * c.F), take_alone(M * c.F)}; };
   auto stack = [&](size_t M) {
     StackActs<T> s{};
     s.x0 = take(M * D);
@@ -933,7 +937,7 @@ static size_t carve_activations(Activations<T>& a, const Config& c, int B, int S
   }
   a.enc.out = c.pre_ln ? a.enc.final_ln.out : a.enc_layers.back().ffn_sub.out;
   a.dec.out = c.pre_ln ? a.dec.final_ln.out : a.dec_layers.back().ffn_sub.out;
-  a.logits = take(Mt * c.V);
+  a.logits = take_alone(Mt * c.V);
   a.lse = take(Mt);
   a.d_stream[0] = take(Mmax * D);
   a.d_stream[1] = take(Mmax * D);
@@ -942,8 +946,8 @@ static size_t carve_activations(Activations<T>& a, const Config& c, int B, int S
   a.d_sub = take(Mmax * D);
   a.d_norm = take(Mmax * D);
   a.d_attn = AttentionActs<T>{take(Mmax * D), take(Mmax * D), take(Mmax * D), nullptr, take(Mmax * D)};
-  a.dh = hidden_fp32 ? take(Mmax * c.F) : nullptr;
-  a.dlogits = take(Mt * c.V);
+  a.dh = twins_alone ? nullptr : take(Mmax * c.F);
+  a.dlogits = take_alone(Mt * c.V);
   return used;
 }
 
@@ -963,14 +967,14 @@ static void validate_batch(const Config& c, const Batch& batch) {
 }
 
 // Carves the arena for a batch's shape (growing it when needed) and marks its real tokens; `base`
-// allocates n elements and returns where they start (a host vector, or device memory). hidden_fp32: as
+// allocates n elements and returns where they start (a host vector, or device memory). twins_alone: as
 // carve_activations.
 template <typename T, typename Allocate>
-static void prepare_activations(Activations<T>& a, const Config& c, const Batch& batch, Allocate allocate, bool hidden_fp32 = true) {
-  if (a.batch != batch.B || a.src_len != batch.S || a.tgt_len != batch.T || a.hidden_fp32 != hidden_fp32) {
-    const size_t need = carve_activations<T>(a, c, batch.B, batch.S, batch.T, nullptr, hidden_fp32);
-    carve_activations<T>(a, c, batch.B, batch.S, batch.T, allocate(need), hidden_fp32);
-    a.batch = batch.B, a.src_len = batch.S, a.tgt_len = batch.T, a.hidden_fp32 = hidden_fp32;
+static void prepare_activations(Activations<T>& a, const Config& c, const Batch& batch, Allocate allocate, bool twins_alone = false) {
+  if (a.batch != batch.B || a.src_len != batch.S || a.tgt_len != batch.T || a.twins_alone != twins_alone) {
+    const size_t need = carve_activations<T>(a, c, batch.B, batch.S, batch.T, nullptr, twins_alone);
+    carve_activations<T>(a, c, batch.B, batch.S, batch.T, allocate(need), twins_alone);
+    a.batch = batch.B, a.src_len = batch.S, a.tgt_len = batch.T, a.twins_alone = twins_alone;
   }
   a.src_valid.resize(batch.src.size());
   a.tgt_valid.resize(batch.tgt_in.size());
@@ -2418,10 +2422,13 @@ static std::vector<Bf16Copy>& bf16_copies() {
   static std::vector<Bf16Copy> copies;
   return copies;
 }
+// The floats at an entry's base that are its buffer's own: a twin alone's buffer may be carved for the twin
+// alone, the first half of the fp32 bytes (carve_activations), and what lies past that is another buffer's.
+static size_t own_floats(const Bf16Copy& c) { return c.alone ? (c.n + 1) / 2 : c.n; }
 // The entry of the buffer that holds p, if it has a bf16 copy or twin.
 static const Bf16Copy* bf16_entry_of(const float* p) {
   for (const Bf16Copy& c : bf16_copies())
-    if (p >= c.base && p < c.base + c.n) return &c;
+    if (p >= c.base && p < c.base + own_floats(c)) return &c;
   return nullptr;
 }
 // The bf16 copy (or twin) of the n elements at p, if they lie in a buffer that has one.
@@ -2437,7 +2444,7 @@ void keep_bf16_copy(const float* p, size_t n) {
 }
 // A producer of a listed buffer must write its twin (and, unless the twin is alone, the fp32 values). A twin
 // alone takes the first half of its fp32 buffer's bytes, which nothing else writes or reads while it is
-// listed: its storage costs nothing more.
+// listed: its storage costs nothing more (a bf16 arena carves those bytes alone, carve_activations).
 void set_bf16_twins(const std::vector<Bf16Twin>& twins, void* storage) {
   auto& v = bf16_copies();
   v.erase(std::remove_if(v.begin(), v.end(), [](const Bf16Copy& c) { return c.twin; }), v.end());
@@ -4415,7 +4422,7 @@ class GpuModel : public DeviceModel {
           }
           return arena;
         },
-        gpu::products() != Precision::bf16);  // in bf16 the FFN's hidden units are written only rounded (set_precision drops the graphs)
+        gpu::products() == Precision::bf16);  // in bf16 the twins alone are all that is written (set_precision drops the graphs)
     const size_t ns = b.src.size(), nt = b.tgt_in.size();
     CUDA_CHECK(cudaEventSynchronize(uploaded));  // the last batch's copies have read the staging buffers
     if (ns + 2 * nt > ids_size) {

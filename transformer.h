@@ -182,7 +182,7 @@ template <typename T> struct StackActs {
 template <typename T> struct Activations {
   std::vector<T> arena;  // one allocation for everything below
   int batch = 0, src_len = 0, tgt_len = 0;  // the shape the arena is carved for
-  bool hidden_fp32 = true;                    // whether the FFN's hpre and dh are carved (carve_activations)
+  bool twins_alone = false;                   // carved for a bf16 pass's twins alone (carve_activations)
   std::vector<uint8_t> src_valid, tgt_valid;  // (B,S) (B,T): 1 for real tokens, 0 for padding
   StackActs<T> enc, dec;
   std::vector<EncoderLayerActs<T>> enc_layers;
@@ -577,7 +577,8 @@ void drop_bf16_copy(const float* p);
 std::vector<float> bf16_copy(const float* p, size_t n);
 // An activation with a bf16 twin (a model's training step in bf16): where it starts, its floats, and
 // whether its producer writes the twin alone, without the fp32 values (nothing reads those in that step);
-// such a twin lives in the fp32 buffer's own storage, the first half of its bytes.
+// such a twin lives in the fp32 buffer's own storage, the first half of its bytes (all that a bf16 arena
+// carves for it: the n floats past p are a name, and past their first half lies another buffer).
 struct Bf16Twin {
   const float* p;
   size_t n;
