@@ -4468,7 +4468,9 @@ class GpuModel : public DeviceModel {
   // backward uses it as scratch, through dropout's backward, which writes the twin too). Attention's q, k
   // and v (alone: their projections write them, the attention kernels read them) and the logits (alone:
   // the output projection writes them, the loss's two passes read them). Every pass of the model lists
-  // them, an evaluation's too: its loss comes from the same bf16 logits as a training step's.
+  // them, an evaluation's too: its loss comes from the same bf16 logits as a training step's. The twins
+  // listed alone here are the buffers that carve_activations carves with their twins' bytes alone (twins_alone):
+  // one listed alone there but not here would have its fp32 values written over the next buffer.
   void keep_bf16_twins() {
     twin_list.clear();
     if (gpu::products() == Precision::bf16) {
