@@ -1,9 +1,9 @@
 # The front door: `make` builds every program and test program, `make test` runs CTest,
 # `make bench` prints benchmark figures, `make data` fetches Multi30k into data/multi30k.
 #
-#   make            nvcc found: transformer.cu compiled by nvcc (CPU + CUDA paths)
+#   make            nvcc found: transformer.cu compiled by nvcc (CPU + CUDA paths: it includes gpu/model.cuh)
 #   make CPU=1      transformer.cu compiled by g++ as C++ (CPU path only)
-#   make EMU=1      transformer.cu compiled by g++ against cuda_emulator.h: the CUDA path runs on the CPU
+#   make EMU=1      transformer.cu compiled by g++ against test/cuda_emulator.h: the CUDA path (gpu/) runs on the CPU
 #   make SANITIZE=1 every object, program and test with AddressSanitizer and UndefinedBehaviorSanitizer
 #                   (`make CPU=1 SANITIZE=1 test` runs the whole CPU suite under them)
 #   make fuzz       builds the libFuzzer targets of test/fuzz with clang in build-fuzz/ and runs each
@@ -34,7 +34,7 @@ ifeq ($(SANITIZE),1)
   $(info ✓ SANITIZE=1: address and undefined-behaviour sanitizers)
 endif
 
-# The GPU section compiled by g++ against cuda_emulator.h, the emulated GPU (make EMU=1, the emulated tests,
+# The GPU path compiled by g++ against test/cuda_emulator.h, the emulated GPU (make EMU=1, the emulated tests,
 # the course grader): g++ ignores nvcc's `#pragma unroll`, and need not say so at every build.
 EMULATED_GPU := -DTRANSFORMER_CUDA -DTRANSFORMER_EMULATED_GPU -Wno-unknown-pragmas
 
@@ -81,7 +81,7 @@ ifneq ($(NVCC),)
 else ifeq ($(EMU),1)
   CXXFLAGS += $(EMULATED_GPU)
   CONFIG   := emu
-  $(info ✓ EMU=1: transformer.cu compiled by $(CXX) against cuda_emulator.h (the CUDA path on an emulated GPU))
+  $(info ✓ EMU=1: transformer.cu compiled by $(CXX) against test/cuda_emulator.h (the CUDA path on an emulated GPU))
 else
   CONFIG   := cpu
   $(info ✗ nvcc not used$(if $(filter 1,$(CPU)), (CPU=1),): transformer.cu compiled by $(CXX) as C++, CPU path only)
@@ -109,7 +109,7 @@ else
 endif
 CONFIG := $(CONFIG)$(if $(MPI_LIBS), mpi)$(if $(NCCL_LIBS), nccl)
 
-# The emulated GPU's tests: the GPU section compiled by g++ against cuda_emulator.h, with the sanitizers.
+# The emulated GPU's tests: the GPU path compiled by g++ against test/cuda_emulator.h, with the sanitizers.
 EMU_BUILD    := $(BUILD)/emu
 EMU_CXXFLAGS := -O1 -g -std=c++17 -Wall -Wextra -Wno-unused-parameter $(filter -fopenmp,$(CXXFLAGS)) \
                 $(shell pkg-config --cflags libutf8proc) $(EMULATED_GPU) $(SANITIZE_FLAGS)
@@ -121,11 +121,12 @@ EMU_LDLIBS   := $(shell pkg-config --libs libutf8proc) $(filter -fopenmp $(SANIT
 EMU_TESTS    := $(EMU_BUILD)/test/parity_gpu $(EMU_BUILD)/test/cuda_emulator $(EMU_BUILD)/train
 
 # ---- sources -----------------------------------------------------------------------------------
-LIB_SRCS := $(wildcard tokenizer.cpp data/*.cpp)  # the library beside transformer.cu, in every build
+LIB_SRCS := $(wildcard checkpoint.cpp tokenizer.cpp data/*.cpp)  # the library beside transformer.cu, in every build
 LIB_OBJS := $(patsubst %.cu,$(BUILD)/%.o,$(wildcard transformer.cu)) $(patsubst %.cpp,$(BUILD)/%.o,$(LIB_SRCS))
 PROGRAMS := $(basename $(wildcard train.cpp translate.cpp))
 TESTS    := $(patsubst test/%.cpp,$(BUILD)/test/%,$(filter-out test/cuda_emulator.cpp,$(wildcard test/*.cpp)))
-HEADERS  := $(wildcard *.h data/*.h test/*.h)
+# transformer.cu's translation unit includes decoding.cuh and gpu/*.cuh (the GPU path)
+HEADERS  := $(wildcard *.h *.cuh gpu/*.cuh data/*.h test/*.h)
 # The course grader is built against the emulated GPU in every configuration (it grades the two CUDA kernel
 # tasks there, no GPU needed), with its own objects in build/grade/; so are `bench --count` (make bench's
 # counts of what a training step asks of the GPU) and a ./train without MPI, whose GPU path
@@ -227,8 +228,8 @@ TEST_JOBS ?= $(shell getconf _NPROCESSORS_ONLN)
 test: all emu $(COURSE) $(GRADE_BUILD)/test/bench $(GRADE_BUILD)/train
 	OMP_WAIT_POLICY=passive ctest --test-dir test --output-on-failure -j$(TEST_JOBS) $(CTEST_ARGS)
 
-# Bugs planted in copies of transformer.cu, each of which the emulated parity_gpu must catch. A mutant's
-# transformer.cu is compiled at -Og, without a sanitizer and with line tables only (-g1) first, and again
+# Bugs planted in copies of the GPU path (gpu/*.cuh), each of which the emulated parity_gpu must catch. A mutant's
+# transformer.cu (with its planted copy of gpu/) is compiled at -Og, without a sanitizer and with line tables only (-g1) first, and again
 # with AddressSanitizer if that build passes (a write past a buffer's end may show only there): compiling is
 # most of what the mutants cost, and -Og compiles in 13 s where build/emu's -O1 takes 29 s (without a
 # sanitizer; its parity_gpu runs in 20 s instead of 13, and most mutants stop at a check long before the

@@ -182,7 +182,7 @@ template <typename T> struct StackActs {
 template <typename T> struct Activations {
   std::vector<T> arena;  // one allocation for everything below
   int batch = 0, src_len = 0, tgt_len = 0;  // the shape the arena is carved for
-  bool twins_alone = false;                   // carved for a bf16 pass's twins alone (carve_activations)
+  bool half_width = false;                    // carved for a half-width pass (carve_activations)
   std::vector<uint8_t> src_valid, tgt_valid;  // (B,S) (B,T): 1 for real tokens, 0 for padding
   StackActs<T> enc, dec;
   std::vector<EncoderLayerActs<T>> enc_layers;
@@ -212,7 +212,7 @@ struct Hypothesis {
 
 // ---- the model ---------------------------------------------------------------------------------------
 constexpr long kLossRing = 64;  // steps whose losses a device keeps (DeviceModel::step_loss_sums)
-// A model's state on an accelerator (the GPU section of transformer.cu implements it): the parameters,
+// A model's state on an accelerator (gpu/model.cuh implements it): the parameters,
 // gradients and Adam state as single device buffers, and a device activation arena. While a model has
 // one, transformer_forward, transformer_backward, zero_grad, transformer_update and decoding run there.
 struct DeviceModel {

@@ -19,7 +19,7 @@
 
 #include "../transformer.h"
 #ifdef TRANSFORMER_EMULATED_GPU
-#include "../cuda_emulator.h"
+#include "cuda_emulator.h"
 #endif
 
 int main(int argc, char** argv) {

@@ -40,7 +40,7 @@
 //     than its fork waited for; a wait does not fork a stream that has run work of its own; a capture joins its
 //     branch at the join (the branch's work from before it runs then, outside the graph), one that ends with a
 //     branch not joined fails, and a captured stream may not wait on an event recorded outside the capture.
-#include "../cuda_emulator.h"
+#include "cuda_emulator.h"
 
 #include <sys/wait.h>
 

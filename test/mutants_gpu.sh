@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# mutants_gpu: plants one bug at a time in a copy of transformer.cu, builds parity_gpu against the emulated
-# GPU (cuda_emulator.h) and shows that the suite fails on each: the emulator and the parity test together
+# mutants_gpu: plants one bug at a time in a copy of the GPU path (gpu/*.cuh), builds parity_gpu against the
+# emulated GPU (test/cuda_emulator.h) and shows that the suite fails on each: the emulator and the parity test together
 # must catch every bug of this list. Run by `make mutants` (CI does).
 #   a mutant is caught when parity_gpu exits non-zero under the inorder or the reverse thread order
 #   (a failed check, an emulator finding, a sanitizer report); it survives when both pass. parity_gpu runs
 #   with CHECK_FAIL_FAST=1 (test/check.h): it stops at its first failed check, as that catches the mutant.
-#   Each mutant's transformer.cu is first built without a sanitizer (at -Og: the Makefile's MUTANT_CXXFLAGS):
+#   Each mutant's transformer.cu (with its copy of gpu/) is first built without a sanitizer (at -Og: the Makefile's MUTANT_CXXFLAGS):
 #   most bugs show as a wrong result or a refused call.
 #   One that passes there is built again with AddressSanitizer and run again: a write past a buffer's end
 #   may show only there.
 # Mutants are built and run one a core. The unmutated source must pass (the control, run beside the first
 # mutants; and with AddressSanitizer too, after them, where a mutant was caught only so), and each mutant's
-# original text must occur exactly once in transformer.cu, so that the check cannot pass by mutating
+# original text must occur exactly once in those sources, so that the check cannot pass by mutating
 # nothing. Exits non-zero if anything survives or cannot be planted.
 # Usage: mutants_gpu.sh CXX "MUTANT_CXXFLAGS" "ASAN_FLAGS" "EMU_CXXFLAGS" "EMU_LDLIBS" "OBJECTS"   (the
 # Makefile passes its own: a mutant's transformer.cu is compiled with the first flags, and the second added
@@ -22,6 +22,8 @@ cd "$(dirname "$0")/.."
 cxx="$1" mutant_flags="$2" asan_flags="$3" flags="$4" libs="$5" objs="$6"
 for o in $objs; do [ -f "$o" ] || { echo "mutants_gpu: $o is missing: run make emu first"; exit 2; }; done
 work="$(mktemp -d)"
+# what transformer.cu's translation unit reads from this tree: a mutant's copy holds all of it
+sources="$(ls transformer.cu *.h *.cuh gpu/*.cuh test/cuda_emulator.h 2>/dev/null)"
 trap 'rm -rf "$work"' EXIT
 
 # name | original text | mutated text   (python string literals; \n is a newline)
@@ -71,22 +73,26 @@ mutants=(
   "a capture whose work threw leaving the capture's own error for the next check (a later pass fails on it)|    if (graph) cudaGraphDestroy(graph);\n    cudaGetLastError();  // (the capture's own, left for the next check of a launch, would fail it)\n|    if (graph) cudaGraphDestroy(graph);\n"
 )
 
-# plant NAME ORIGINAL MUTATED: the mutated copy of transformer.cu in $work/NAME
+# plant NAME ORIGINAL MUTATED: in $work/NAME, a copy of transformer.cu's translation unit (its sources and
+# headers, in the same folders, so that its includes find the copies) with the bug planted
 plant() {
   local dir="$work/$1"
   mkdir -p "$dir"
-  python3 - "$2" "$3" "$dir/transformer.cu" <<'PY'
-import sys
+  python3 - "$2" "$3" "$dir" $sources <<'PY'
+import os, shutil, sys
 orig, new = (a.encode().decode("unicode_escape") for a in sys.argv[1:3])
-out = sys.argv[3]
-src = open("transformer.cu").read()
+out, sources = sys.argv[3], sys.argv[4:]
+texts = {path: open(path).read() for path in sources}
 if orig:
-    n = src.count(orig)
+    n = sum(text.count(orig) for text in texts.values())
     if n != 1:
-        print(f"the original text occurs {n} times in transformer.cu, not once: {orig!r}")
+        print(f"the original text occurs {n} times in the sources, not once: {orig!r}")
         sys.exit(1)
-    src = src.replace(orig, new)
-open(out, "w").write(src)
+    path = next(path for path in sources if orig in texts[path])
+    texts[path] = texts[path].replace(orig, new)
+for path, text in texts.items():
+    os.makedirs(os.path.join(out, os.path.dirname(path)), exist_ok=True)
+    open(os.path.join(out, path), "w").write(text)
 PY
 }
 
@@ -94,7 +100,7 @@ PY
 build() {
   local dir="$work/$1"
   shift
-  $cxx "$@" -I. -x c++ -c "$dir/transformer.cu" -o "$dir/transformer.o" >> "$dir/build.log" 2>&1 &&
+  $cxx "$@" -x c++ -c "$dir/transformer.cu" -o "$dir/transformer.o" >> "$dir/build.log" 2>&1 &&
     $cxx $flags "$dir/transformer.o" $objs -o "$dir/parity_gpu" $libs >> "$dir/build.log" 2>&1
 }
 

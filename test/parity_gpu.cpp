@@ -23,7 +23,7 @@
 #include "../transformer.h"
 #include "check.h"
 #ifdef TRANSFORMER_EMULATED_GPU
-#include "../cuda_emulator.h"  // its counts: the products read a parameter's bf16 copy
+#include "cuda_emulator.h"  // its counts: the products read a parameter's bf16 copy
 #endif
 
 #ifndef TRANSFORMER_CUDA

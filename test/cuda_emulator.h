@@ -1,6 +1,6 @@
-// cuda_emulator.h: a CUDA emulator for testing the GPU section of transformer.cu on a machine without a GPU.
+// cuda_emulator.h: a CUDA emulator for testing the GPU path (gpu/) on a machine without a GPU.
 //
-// transformer.cu's GPU section compiles either with nvcc against the CUDA runtime and cuBLAS, or with g++
+// The GPU path compiles either with nvcc against the CUDA runtime and cuBLAS, or with g++
 // against this header (TRANSFORMER_EMULATED_GPU), from the same source; kernels launch through one macro.
 // This is a test instrument, not a fast path: it runs each block's threads as fibers (glibc ucontext) on
 // the calling thread, one block after another, and switches between a block's threads only where CUDA
@@ -74,7 +74,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "transformer.h"  // cpu::gemm computes cuBLAS's products
+#include "../transformer.h"  // cpu::gemm computes cuBLAS's products
 
 #if defined(__SANITIZE_ADDRESS__)
 #define CUDA_EMULATOR_ASAN 1
@@ -1549,7 +1549,7 @@ inline cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
   return emu_status();
 }
 
-// ---- cuBLAS: the calls the GPU section makes, as the cuBLAS documentation defines them -------------------
+// ---- cuBLAS: the calls the GPU path makes, as the cuBLAS documentation defines them -------------------
 enum cublasStatus_t {
   CUBLAS_STATUS_SUCCESS = 0,
   CUBLAS_STATUS_NOT_INITIALIZED = 1,
@@ -1730,7 +1730,7 @@ inline cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, cublasOperatio
   return emu::gemm_strided_batched(h, "cublasSgemmStridedBatched", ta, tb, m, n, k, alpha, A, stride_a, B, stride_b, CUDA_R_32F, lda,
                                    ldb, beta, C, stride_c, ldc, batches);
 }
-// cublasGemmEx for what the GPU section asks of it: A and B both fp32 or both bf16, fp32 arithmetic
+// cublasGemmEx for what the GPU path asks of it: A and B both fp32 or both bf16, fp32 arithmetic
 // (CUBLAS_COMPUTE_32F), C fp32, or bf16 where A and B are; any other combination is CUBLAS_STATUS_NOT_SUPPORTED here.
 inline cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void* alpha,
                                    const void* A, cudaDataType_t a_type, int lda, const void* B, cudaDataType_t b_type, int ldb,
