@@ -643,15 +643,29 @@ void limit_openmp_spinning(char** argv) {
 #endif
 }
 
-}  // namespace
+// ---- the run's stages -------------------------------------------------------------------------------
 
-int main(int argc, char** argv) {
-  limit_openmp_spinning(argv);
-  // Progress goes to stderr, everything else to stdout, line by line, so that a log captured with
-  // `./train > log 2>&1` holds every line in the order it was printed.
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  Ranks ranks(&argc, &argv);  // one rank unless started by mpirun (parallel.h)
-  g_rank = ranks.rank;
+// What the stages of a run share: the options (the stages fill in what they leave open), the corpus and
+// its encoded splits, the vocabulary, the model with its training state, the batches and log.csv's rows.
+struct Run {
+  Ranks& ranks;
+  Options o;
+  Corpus corpus;
+  Config cfg;
+  long step_batches = 0;  // a step's batches, over every rank
+  Tokenizer tok;
+  std::vector<Pair> train, val, test;
+  std::unique_ptr<Transformer<float>> model;
+  TrainState st;
+  std::vector<std::vector<int>> batches;  // an epoch's, each the indices of its training pairs
+  std::vector<LogRow> rows;
+  Run(Ranks& ranks, Options options) : ranks(ranks), o(std::move(options)) {}
+  std::string vocab_path() const { return o.out + "/vocab.bpe"; }
+  std::string csv_path() const { return o.out + "/log.csv"; }
+};
+
+// The command line's options, checked before any work; ranks other than 0 print nothing.
+Options command_line(int argc, char** argv, Ranks& ranks) {
   Options o = parse(argc, argv);
   ranks.timeout_s = o.collective_timeout;
   if (ranks.rank != 0) {  // rank 0 alone prints, validates and writes the run folder
@@ -668,93 +682,119 @@ int main(int argc, char** argv) {
     }
     if (o.device != "cuda") fail("--precision is a GPU option: it needs --device cuda");
   }
-  Corpus corpus = load_corpus(o);
-  Config cfg = build_config(o, corpus.numbers);
-  if (o.out.empty()) o.out = corpus.numbers ? "runs/numbers" : "runs/multi30k-" + o.src + "-" + o.tgt;
-  if (o.merges < 0) o.merges = corpus.numbers ? 60 : 8000;
-  apply_defaults(o, cfg, corpus.numbers);
-  // a step's batches, over every rank: each has its own dropout masks (dropout_site's 15 bits of micro)
-  const long step_batches = (long)ranks.size * o.accumulate;
-  if (step_batches > 32768) fail("--accumulate " + std::to_string(o.accumulate) + " times " + std::to_string(ranks.size) +
-                                 " ranks is more than 32768 batches a step");
+  return o;
+}
 
-  // the vocabulary: given, kept from the run being resumed, or learned on the training text (§5.1)
-  const std::string vocab_path = o.out + "/vocab.bpe";
-  if (!o.bpe_only && ranks.rank == 0) {
+// The corpus, then what depends on it: the model's configuration, the run folder and the other defaults.
+void configure(Run& r) {
+  Options& o = r.o;
+  r.corpus = load_corpus(o);
+  r.cfg = build_config(o, r.corpus.numbers);
+  if (o.out.empty()) o.out = r.corpus.numbers ? "runs/numbers" : "runs/multi30k-" + o.src + "-" + o.tgt;
+  if (o.merges < 0) o.merges = r.corpus.numbers ? 60 : 8000;
+  apply_defaults(o, r.cfg, r.corpus.numbers);
+  // a step's batches, over every rank: each has its own dropout masks (dropout_site's 15 bits of micro)
+  r.step_batches = (long)r.ranks.size * o.accumulate;
+  if (r.step_batches > 32768) fail("--accumulate " + std::to_string(o.accumulate) + " times " + std::to_string(r.ranks.size) +
+                                   " ranks is more than 32768 batches a step");
+}
+
+void make_run_folder(const Run& r) {
+  const Options& o = r.o;
+  if (!o.bpe_only && r.ranks.rank == 0) {
     for (size_t at = 0; at != std::string::npos;) {  // mkdir -p
       at = o.out.find('/', at + 1);
       mkdir(o.out.substr(0, at).c_str(), 0777);
     }
     if (!is_dir(o.out) || access(o.out.c_str(), W_OK) != 0) fail("cannot write to --out " + o.out + ": " + std::strerror(errno));
   }
-  Tokenizer tok;
+}
+
+// the vocabulary: given, kept from the run being resumed, or learned on the training text (§5.1)
+Tokenizer vocabulary(const Run& r) {
+  const Options& o = r.o;
   try {
-    if (!o.vocab.empty()) tok = Tokenizer::load(o.vocab);
-    else if (o.resume) tok = Tokenizer::load(vocab_path);
-    else {
-      auto t0 = std::chrono::steady_clock::now();
-      std::vector<std::string> text = corpus.train.src;
-      text.insert(text.end(), corpus.train.tgt.begin(), corpus.train.tgt.end());
-      tok = Tokenizer::learn(text, o.merges);
-      std::printf("BPE: %d merges learned on the training text (source and target) in %.1f s: vocabulary of %d\n",
-                  tok.merge_count(), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), tok.vocab_size());
+    if (!o.vocab.empty()) return Tokenizer::load(o.vocab);
+    if (o.resume) return Tokenizer::load(r.vocab_path());
+    auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::string> text = r.corpus.train.src;
+    text.insert(text.end(), r.corpus.train.tgt.begin(), r.corpus.train.tgt.end());
+    Tokenizer tok = Tokenizer::learn(text, o.merges);
+    std::printf("BPE: %d merges learned on the training text (source and target) in %.1f s: vocabulary of %d\n",
+                tok.merge_count(), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), tok.vocab_size());
+    return tok;
+  } catch (const std::exception& e) {
+    fail(e.what());
+  }
+}
+
+// --bpe-only: how each line of stdin splits
+void print_pieces(const Tokenizer& tok) {
+  try {
+    for (const std::string& line : read_text_lines("-")) {
+      std::string out;
+      for (const std::string& p : tok.pieces(line)) out += (out.empty() ? "" : " ") + p;
+      std::printf("%s\n", out.c_str());
     }
-    if (o.bpe_only) {
-      for (const std::string& line : read_text_lines("-")) {
-        std::string out;
-        for (const std::string& p : tok.pieces(line)) out += (out.empty() ? "" : " ") + p;
-        std::printf("%s\n", out.c_str());
-      }
-      return 0;
-    }
-    if (ranks.rank == 0 && (!o.resume || !o.vocab.empty())) tok.save(vocab_path);  // the run folder holds its vocabulary
-    if (ranks.rank == 0 && !o.resume && preset_name(o, corpus.numbers) == "multi30k")  // and ./translate's beam and alpha
+  } catch (const std::exception& e) {
+    fail(e.what());
+  }
+}
+
+void save_vocabulary(const Run& r) {
+  const Options& o = r.o;
+  try {
+    if (r.ranks.rank == 0 && (!o.resume || !o.vocab.empty())) r.tok.save(r.vocab_path());  // the run folder holds its vocabulary
+    if (r.ranks.rank == 0 && !o.resume && preset_name(o, r.corpus.numbers) == "multi30k")  // and ./translate's beam and alpha
       save_decoding_defaults(o.out + "/decoding.txt", recipe_decoding(),
                              "the multi30k recipe's beam and length penalty, chosen on Multi30k's validation set (NOTES.md)");
   } catch (const std::exception& e) {
     fail(e.what());
   }
-  cfg.V = tok.vocab_size();
+}
+
+// The configuration completed by the vocabulary, and the splits encoded with it.
+void encode_data(Run& r) {
+  r.cfg.V = r.tok.vocab_size();
   try {
-    cfg.validate();
+    r.cfg.validate();
   } catch (const std::invalid_argument& e) {
     fail(std::string("configuration: ") + e.what());
   }
-
   long empty = 0, too_long = 0, skipped_eval = 0;
-  std::vector<Pair> train = encode_split(corpus.train, tok, cfg.max_len, &empty, &too_long);
-  std::vector<Pair> val = encode_split(corpus.val, tok, cfg.max_len, &skipped_eval, &skipped_eval);
-  std::vector<Pair> test = encode_split(corpus.test, tok, cfg.max_len, &skipped_eval, &skipped_eval);
-  if (train.empty()) fail("no training pairs left after skipping empty and over-long ones");
-  std::printf("data: %s\n", corpus.description.c_str());
-  std::printf("data: %zu training pairs (skipped %ld with an empty side, %ld longer than %d tokens)\n", train.size(), empty,
-              too_long, cfg.max_len - 1);
+  r.train = encode_split(r.corpus.train, r.tok, r.cfg.max_len, &empty, &too_long);
+  r.val = encode_split(r.corpus.val, r.tok, r.cfg.max_len, &skipped_eval, &skipped_eval);
+  r.test = encode_split(r.corpus.test, r.tok, r.cfg.max_len, &skipped_eval, &skipped_eval);
+  if (r.train.empty()) fail("no training pairs left after skipping empty and over-long ones");
+  std::printf("data: %s\n", r.corpus.description.c_str());
+  std::printf("data: %zu training pairs (skipped %ld with an empty side, %ld longer than %d tokens)\n", r.train.size(), empty,
+              too_long, r.cfg.max_len - 1);
+}
 
-  // the model: new, or resumed
-  std::unique_ptr<Transformer<float>> model;
-  TrainState st;
+// the model: new, or resumed
+void build_model(Run& r) {
+  Options& o = r.o;
   if (o.resume) {
     CheckpointMeta meta;
     try {
-      model = checkpoint_load(o.out + "/model.bin", &meta);
+      r.model = checkpoint_load(o.out + "/model.bin", &meta);
     } catch (const std::exception& e) {
       fail(std::string("--resume: ") + e.what());
     }
     if (!meta.has_adam) fail("--resume: " + o.out + "/model.bin has no optimizer state (an averaged model?)");
-    if (meta.vocab_hash != tok.hash()) fail("--resume: the checkpoint was trained with another vocabulary than " + vocab_path);
-    std::string diff = config_difference(model->cfg, cfg);
+    if (meta.vocab_hash != r.tok.hash()) fail("--resume: the checkpoint was trained with another vocabulary than " + r.vocab_path());
+    std::string diff = config_difference(r.model->cfg, r.cfg);
     if (!diff.empty()) fail("--resume: the checkpoint has another configuration (" + diff + ")");
-    if (model->seed != o.seed) fail("--resume: the checkpoint was trained with --seed " + std::to_string(model->seed));
-    st = meta.train;
-    std::printf("resumed from %s at step %ld (epoch %ld, batch %ld)\n", (o.out + "/model.bin").c_str(), model->step, st.epoch, st.batch);
+    if (r.model->seed != o.seed) fail("--resume: the checkpoint was trained with --seed " + std::to_string(r.model->seed));
+    r.st = meta.train;
+    std::printf("resumed from %s at step %ld (epoch %ld, batch %ld)\n", (o.out + "/model.bin").c_str(), r.model->step, r.st.epoch, r.st.batch);
   } else {
-    model = std::make_unique<Transformer<float>>(cfg, o.seed);
+    r.model = std::make_unique<Transformer<float>>(r.cfg, o.seed);
   }
-  Transformer<float>& m = *model;
   if (o.device == "cuda") {
     try {
-      ranks.choose_gpu();
-      transformer_to_device(m, Device::cuda);
+      r.ranks.choose_gpu();
+      transformer_to_device(*r.model, Device::cuda);
       const Precision p = o.precision.empty() ? default_precision() : parse_precision(o.precision);
       set_precision(p);
       o.precision = precision_name(p);
@@ -762,24 +802,33 @@ int main(int argc, char** argv) {
       fail(e.what());
     }
   }
-  const std::vector<std::vector<int>> batches = length_batches(train, o.batch_tokens);
-  std::printf("batches: %zu per epoch, about %d source and %d target tokens each [§5.1]; run folder %s\n", batches.size(),
-              o.batch_tokens, o.batch_tokens, o.out.c_str());
-  if (step_batches > 1)
-    std::printf("steps: %ld batches each (%d rank%s x --accumulate %d), the loss normalised by all their target tokens; "
-                "the schedule counts steps [Eq. 3]%s\n", step_batches, ranks.size, ranks.size > 1 ? "s" : "", o.accumulate,
-                ranks.size == 1 ? "" : o.device == "cuda" && !gpu_emulated() ? "; gradients summed with NCCL" : "; gradients summed with MPI");
-  if (st.batch >= (long)batches.size())
-    fail("--resume: the checkpoint stopped after batch " + std::to_string(st.batch) + " of an epoch, but this run has " +
-         std::to_string(batches.size()) + " batches per epoch: resume with the first run's --batch-tokens");
+}
 
-  // Memory, known before the first step: the largest batch's step must fit (on the CPU; the GPU path says
-  // so itself when it runs out). Then one step on that batch, without an update, measures the peak.
+void make_batches(Run& r) {
+  const Options& o = r.o;
+  r.batches = length_batches(r.train, o.batch_tokens);
+  std::printf("batches: %zu per epoch, about %d source and %d target tokens each [§5.1]; run folder %s\n", r.batches.size(),
+              o.batch_tokens, o.batch_tokens, o.out.c_str());
+  if (r.step_batches > 1)
+    std::printf("steps: %ld batches each (%d rank%s x --accumulate %d), the loss normalised by all their target tokens; "
+                "the schedule counts steps [Eq. 3]%s\n", r.step_batches, r.ranks.size, r.ranks.size > 1 ? "s" : "", o.accumulate,
+                r.ranks.size == 1 ? "" : o.device == "cuda" && !gpu_emulated() ? "; gradients summed with NCCL" : "; gradients summed with MPI");
+  if (r.st.batch >= (long)r.batches.size())
+    fail("--resume: the checkpoint stopped after batch " + std::to_string(r.st.batch) + " of an epoch, but this run has " +
+         std::to_string(r.batches.size()) + " batches per epoch: resume with the first run's --batch-tokens");
+}
+
+// Memory, known before the first step: the largest batch's step must fit (on the CPU; the GPU path says
+// so itself when it runs out). Then one step on that batch, without an update, measures the peak.
+void measure_memory(Run& r) {
+  const Options& o = r.o;
+  const Config& cfg = r.cfg;
+  Transformer<float>& m = *r.model;
   size_t need = 0, largest = 0;
-  for (size_t i = 0; i < batches.size(); ++i) {
+  for (size_t i = 0; i < r.batches.size(); ++i) {
     size_t S = 0, T = 0;
-    for (int p : batches[i]) S = std::max(S, train[p].src.size() + 1), T = std::max(T, train[p].tgt.size() + 1);
-    const size_t bytes = training_bytes(cfg, (int)batches[i].size(), (int)S, (int)T);
+    for (int p : r.batches[i]) S = std::max(S, r.train[p].src.size() + 1), T = std::max(T, r.train[p].tgt.size() + 1);
+    const size_t bytes = training_bytes(cfg, (int)r.batches[i].size(), (int)S, (int)T);
     if (bytes > need) need = bytes, largest = i;
   }
   const size_t available = available_memory();
@@ -788,7 +837,7 @@ int main(int argc, char** argv) {
          " MB for the parameters, Adam's state and the activations, but " + std::to_string(available >> 20) +
          " MB are available: lower --batch-tokens (or --max-len)");
   {
-    const Batch b = to_batch(train, batches[largest]);
+    const Batch b = to_batch(r.train, r.batches[largest]);
     zero_grad(m);
     transformer_forward(m, b, true);
     transformer_backward(m, b, true);
@@ -801,102 +850,65 @@ int main(int argc, char** argv) {
               cfg.N, cfg.D, cfg.F, cfg.H, cfg.V, cfg.pre_ln ? "pre-LN" : "post-LN", m.params.size() / 1e6, cfg.p_drop, cfg.eps_ls,
               o.device.c_str(), o.device == "cuda" ? (" (" + gpu_name() + ", " + o.precision + " products)").c_str() : "",
               o.device == "cuda" ? "host " : "", usage.ru_maxrss / 1024.0);
+}
 
-  // the log: rows of an interrupted run before the resume point are kept
-  const std::string csv_path = o.out + "/log.csv";
-  std::vector<LogRow> rows;
-  if (o.resume) {
-    std::ifstream in(csv_path);
-    std::string line;
-    std::getline(in, line);
-    while (std::getline(in, line)) {
-      LogRow r{};
-      double v[8];
-      std::string cell;
-      size_t at = 0;
-      for (int k = 0; k < 8; ++k) {
-        size_t comma = line.find(',', at);
-        cell = line.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
-        v[k] = cell.empty() ? NAN : std::atof(cell.c_str());
-        at = comma == std::string::npos ? line.size() : comma + 1;
-      }
-      r = {(long)v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]};
-      if (r.step <= m.step) rows.push_back(r);
+// the log: rows of an interrupted run before the resume point are kept
+void read_log(Run& r) {
+  if (!r.o.resume) return;
+  std::ifstream in(r.csv_path());
+  std::string line;
+  std::getline(in, line);
+  while (std::getline(in, line)) {
+    LogRow row{};
+    double v[8];
+    std::string cell;
+    size_t at = 0;
+    for (int k = 0; k < 8; ++k) {
+      size_t comma = line.find(',', at);
+      cell = line.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+      v[k] = cell.empty() ? NAN : std::atof(cell.c_str());
+      at = comma == std::string::npos ? line.size() : comma + 1;
     }
+    row = {(long)v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]};
+    if (row.step <= r.model->step) r.rows.push_back(row);
   }
-  auto write_log = [&]() {  // log.csv and its picture, each replaced atomically
-    std::string csv = "step,epoch,loss,lr,tokens_per_s,val_loss,val_bleu,val_exact_match\n";
-    for (const LogRow& r : rows)
-      csv += std::to_string(r.step) + "," + fmt(r.epoch, "%.4f") + "," + fmt(r.loss, "%.17g") + "," + fmt(r.lr, "%.6g") + "," +
-             fmt(r.tok_per_s, "%.0f") + "," + fmt(r.val_loss, "%.17g") + "," + fmt(r.val_bleu, "%.2f") + "," + fmt(r.val_exact, "%.2f") + "\n";
-    try {
-      write_file_atomically(csv_path, csv);
-    } catch (const std::runtime_error& e) {
-      fail(e.what());
-    }
-    write_curves_svg(o.out + "/curves.svg", rows);
-  };
+}
 
-  std::signal(SIGINT, on_interrupt);
-  const bool tty = isatty(fileno(stderr)) && !o.quiet;
-  const auto start = std::chrono::steady_clock::now();
-  const double elapsed0 = st.elapsed;
-  const long first_step = m.step;
-  auto elapsed = [&]() { return elapsed0 + std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
-  auto last_checkpoint = std::chrono::steady_clock::now();
-  auto last_print = std::chrono::steady_clock::now() - std::chrono::hours(1);
-  const long steps_per_epoch = ((long)batches.size() + step_batches - 1) / step_batches;
-  const long total_steps = o.epochs * steps_per_epoch;
-  const long step_limit = o.max_steps > 0 ? std::min(o.max_steps, total_steps) : total_steps;
+void write_log(const Run& r) {  // log.csv and its picture, each replaced atomically
+  std::string csv = "step,epoch,loss,lr,tokens_per_s,val_loss,val_bleu,val_exact_match\n";
+  for (const LogRow& row : r.rows)
+    csv += std::to_string(row.step) + "," + fmt(row.epoch, "%.4f") + "," + fmt(row.loss, "%.17g") + "," + fmt(row.lr, "%.6g") + "," +
+           fmt(row.tok_per_s, "%.0f") + "," + fmt(row.val_loss, "%.17g") + "," + fmt(row.val_bleu, "%.2f") + "," + fmt(row.val_exact, "%.2f") + "\n";
+  try {
+    write_file_atomically(r.csv_path(), csv);
+  } catch (const std::runtime_error& e) {
+    fail(e.what());
+  }
+  write_curves_svg(r.o.out + "/curves.svg", r.rows);
+}
+
+// ---- the training loop ------------------------------------------------------------------------------
+
+// The loop's state beside the run's: its clocks, the progress line's and log.csv's windows, the newest
+// checkpoint, --patience's count and the steps whose losses are still on the GPU.
+struct Training {
+  using Clock = std::chrono::steady_clock;
+  Run& r;
+  Transformer<float>& m;
+  const Options& o;
+  const bool tty;
+  const Clock::time_point start = Clock::now();
+  const double elapsed0;
+  const long first_step;
+  Clock::time_point last_checkpoint = Clock::now(), last_print = Clock::now() - std::chrono::hours(1);
+  long step_limit;
   double window_tokens = 0, window_seconds = 0;  // the progress line's: since the last one printed
   double log_tokens = 0, log_seconds = 0;        // log.csv's: since its last row (--log-every)
   std::string last_good;  // the newest complete checkpoint: on a resume, the one model.bin names
-  if (o.resume) {
-    char target[512];
-    const ssize_t n = readlink((o.out + "/model.bin").c_str(), target, sizeof target - 1);
-    last_good = n > 0 ? o.out + "/" + std::string(target, n) : o.out + "/model.bin";
-  }
   // --patience: the best validation loss so far, and the validations since (rebuilt from log.csv on a resume,
   // which holds each loss to the last bit: one rounded to fewer digits could compare below the next)
   double best_val = INFINITY;
   long best_step = 0, stale = 0;
-  auto note_validation = [&](long step, double loss) {
-    if (loss < best_val) best_val = loss, best_step = step, stale = 0;
-    else stale += 1;
-  };
-  for (const LogRow& r : rows)
-    if (!std::isnan(r.val_loss)) note_validation(r.step, r.val_loss);
-  auto validate = [&](LogRow& row) {  // rank 0's; the others wait for it in the next all-reduce
-    Evaluation e = evaluate(m, val, corpus.val, tok, o.batch_tokens, o.val_sentences, corpus.numbers);
-    row.val_loss = e.loss, row.val_bleu = e.bleu, row.val_exact = e.exact;
-    note_validation(m.step, e.loss);
-    if (tty) std::fprintf(stderr, "\r\033[K");
-    std::printf("validation at step %ld: loss %.4f, %s\n", m.step, e.loss, e.summary("--val-sentences").c_str());
-    std::fflush(stdout);
-  };
-  // Every rank stops at the same step: rank 0's clock decides, and Ctrl-C on any rank stops them all.
-  auto stop_reason = [&]() -> std::string {
-    static const char* const kReasons[] = {"", "interrupted (Ctrl-C)", "--max-steps reached", "--epochs reached", "--time-limit reached", ""};
-    long code = interrupted ? 1 : 0;
-    if (!code && o.max_steps > 0 && m.step >= o.max_steps) code = 2;
-    else if (!code && st.epoch >= o.epochs) code = 3;  // (not in steps: a resume may take another number a step)
-    else if (!code && o.time_limit > 0 && elapsed() >= o.time_limit) code = 4;
-    else if (!code && o.patience > 0 && stale >= o.patience) code = 5;  // (rank 0's validations)
-    if (ranks.size > 1) {  // rank 0's reason, or an interruption anywhere
-      const long shared = ranks.sum(ranks.rank == 0 ? code : (code == 1 ? 8 : 0), "the stop decision", m.step);
-      code = shared % 8 ? shared % 8 : shared ? 1 : 0;
-      interrupted = interrupted || code == 1;
-    }
-    if (code == 5)
-      return "--patience " + std::to_string(o.patience) + " reached (the best validation loss, " + fmt(best_val, "%.4f") +
-             " at step " + std::to_string(best_step) + ", not bettered in " + std::to_string(stale) + " validations)";
-    return kReasons[code];
-  };
-  auto check_same_parameters = [&]() {
-    if (ranks.size > 1 && !ranks.same(parameter_hash(m), "the parameter hash", m.step))
-      fail("the ranks hold different parameters at step " + std::to_string(m.step) + ": training stopped");
-  };
-  check_same_parameters();
   // Each step's loss. On a GPU (one process) it stays on the device until something needs it: a validation,
   // the progress line, a checkpoint (which writes log.csv), the stop, or kLossRing unread steps. Then every
   // unread step's is read in one copy (step_loss_sums), checked in order, so a NaN is still named by its
@@ -906,113 +918,195 @@ int main(int argc, char** argv) {
   // rate is taken when their losses are read (the GPU done with them), over the time since the first of
   // them started, and written into their log rows; the progress line adds the wait to its time. The run's
   // first step is read at once, so that its start-up is its own row's and not spread over 64 rows.
-  const bool defer_loss = m.device && ranks.size == 1;
+  const bool defer_loss;
   std::vector<std::pair<long, long>> unread;  // (step, its target tokens)
-  std::chrono::steady_clock::time_point unread_start;  // when the first unread step started
-  double unread_host_seconds = 0;                      // the unread steps' clocks, summed
-  double read_rate = NAN;                              // target tokens/s of the steps read last
+  Clock::time_point unread_start;             // when the first unread step started
+  double unread_host_seconds = 0;             // the unread steps' clocks, summed
+  double read_rate = NAN;                     // target tokens/s of the steps read last
   double loss = NAN;                          // the last step's, once read
   long loss_reads = 0, steps_run = 0;         // reported at the stop
-  auto check_loss = [&](long step, double x) {
-    if (std::isfinite(x)) return;
-    if (tty) std::fprintf(stderr, "\n");
-    fail("the loss is " + (std::isnan(x) ? std::string("NaN") : std::to_string(x)) + " at step " + std::to_string(step) + ": training stopped; the last good checkpoint (" +
-         (last_good.empty() ? "none written in this run" : last_good) + ") is kept. Try a lower --lr-scale or a longer --warmup");
-  };
-  auto read_losses = [&]() {
-    if (unread.empty()) return;
-    const std::vector<double> sums = m.device->step_loss_sums(unread.front().first, (long)unread.size());
-    ++loss_reads;
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - unread_start).count();
-    double tokens = 0;
-    for (const auto& u : unread) tokens += (double)u.second;
-    read_rate = tokens / seconds;
-    window_seconds += std::max(0.0, seconds - unread_host_seconds);  // the wait for the GPU
-    unread_host_seconds = 0;
-    for (size_t i = 0; i < unread.size(); ++i) check_loss(unread[i].first, loss = sums[i] / unread[i].second);
-    for (auto r = rows.rbegin(); r != rows.rend() && r->step >= unread.front().first; ++r) {  // the rows that wait for theirs
-      r->loss = sums[r->step - unread.front().first] / unread[r->step - unread.front().first].second;
-      r->tok_per_s = read_rate;
-    }
-    unread.clear();
-  };
-
   std::ofstream batches_out;
-  if (!o.batches_out.empty() && ranks.rank == 0) {
+
+  explicit Training(Run& run);
+  double elapsed() const { return elapsed0 + std::chrono::duration<double>(Clock::now() - start).count(); }
+  void note_validation(long step, double val_loss);
+  void validate(LogRow& row);
+  std::string stop_reason();
+  void check_same_parameters();
+  void check_loss(long step, double x);
+  void read_losses();
+  double take_step(const std::vector<int>& order);
+  void progress(double epoch, double lr, Clock::time_point now, bool stopping);
+  std::string run();
+  void finish(const std::string& reason);
+};
+
+Training::Training(Run& run)
+    : r(run), m(*run.model), o(run.o), tty(isatty(fileno(stderr)) && !run.o.quiet), elapsed0(run.st.elapsed), first_step(m.step),
+      defer_loss(m.device && run.ranks.size == 1) {
+  const long steps_per_epoch = ((long)r.batches.size() + r.step_batches - 1) / r.step_batches;
+  const long total_steps = o.epochs * steps_per_epoch;
+  step_limit = o.max_steps > 0 ? std::min(o.max_steps, total_steps) : total_steps;
+  if (o.resume) {
+    char target[512];
+    const ssize_t n = readlink((o.out + "/model.bin").c_str(), target, sizeof target - 1);
+    last_good = n > 0 ? o.out + "/" + std::string(target, n) : o.out + "/model.bin";
+  }
+  for (const LogRow& row : r.rows)
+    if (!std::isnan(row.val_loss)) note_validation(row.step, row.val_loss);
+  check_same_parameters();
+  if (!o.batches_out.empty() && r.ranks.rank == 0) {
     batches_out.open(o.batches_out);
     write_model_line(batches_out, m.cfg);
     if (!batches_out) fail("cannot write " + o.batches_out);
   }
+}
+
+void Training::note_validation(long step, double val_loss) {
+  if (val_loss < best_val) best_val = val_loss, best_step = step, stale = 0;
+  else stale += 1;
+}
+
+void Training::validate(LogRow& row) {  // rank 0's; the others wait for it in the next all-reduce
+  Evaluation e = evaluate(m, r.val, r.corpus.val, r.tok, o.batch_tokens, o.val_sentences, r.corpus.numbers);
+  row.val_loss = e.loss, row.val_bleu = e.bleu, row.val_exact = e.exact;
+  note_validation(m.step, e.loss);
+  if (tty) std::fprintf(stderr, "\r\033[K");
+  std::printf("validation at step %ld: loss %.4f, %s\n", m.step, e.loss, e.summary("--val-sentences").c_str());
+  std::fflush(stdout);
+}
+
+// Every rank stops at the same step: rank 0's clock decides, and Ctrl-C on any rank stops them all.
+std::string Training::stop_reason() {
+  static const char* const kReasons[] = {"", "interrupted (Ctrl-C)", "--max-steps reached", "--epochs reached", "--time-limit reached", ""};
+  long code = interrupted ? 1 : 0;
+  if (!code && o.max_steps > 0 && m.step >= o.max_steps) code = 2;
+  else if (!code && r.st.epoch >= o.epochs) code = 3;  // (not in steps: a resume may take another number a step)
+  else if (!code && o.time_limit > 0 && elapsed() >= o.time_limit) code = 4;
+  else if (!code && o.patience > 0 && stale >= o.patience) code = 5;  // (rank 0's validations)
+  if (r.ranks.size > 1) {  // rank 0's reason, or an interruption anywhere
+    const long shared = r.ranks.sum(r.ranks.rank == 0 ? code : (code == 1 ? 8 : 0), "the stop decision", m.step);
+    code = shared % 8 ? shared % 8 : shared ? 1 : 0;
+    interrupted = interrupted || code == 1;
+  }
+  if (code == 5)
+    return "--patience " + std::to_string(o.patience) + " reached (the best validation loss, " + fmt(best_val, "%.4f") +
+           " at step " + std::to_string(best_step) + ", not bettered in " + std::to_string(stale) + " validations)";
+  return kReasons[code];
+}
+
+void Training::check_same_parameters() {
+  if (r.ranks.size > 1 && !r.ranks.same(parameter_hash(m), "the parameter hash", m.step))
+    fail("the ranks hold different parameters at step " + std::to_string(m.step) + ": training stopped");
+}
+
+void Training::check_loss(long step, double x) {
+  if (std::isfinite(x)) return;
+  if (tty) std::fprintf(stderr, "\n");
+  fail("the loss is " + (std::isnan(x) ? std::string("NaN") : std::to_string(x)) + " at step " + std::to_string(step) + ": training stopped; the last good checkpoint (" +
+       (last_good.empty() ? "none written in this run" : last_good) + ") is kept. Try a lower --lr-scale or a longer --warmup");
+}
+
+void Training::read_losses() {
+  if (unread.empty()) return;
+  const std::vector<double> sums = m.device->step_loss_sums(unread.front().first, (long)unread.size());
+  ++loss_reads;
+  const double seconds = std::chrono::duration<double>(Clock::now() - unread_start).count();
+  double tokens = 0;
+  for (const auto& u : unread) tokens += (double)u.second;
+  read_rate = tokens / seconds;
+  window_seconds += std::max(0.0, seconds - unread_host_seconds);  // the wait for the GPU
+  unread_host_seconds = 0;
+  for (size_t i = 0; i < unread.size(); ++i) check_loss(unread[i].first, loss = sums[i] / unread[i].second);
+  for (auto row = r.rows.rbegin(); row != r.rows.rend() && row->step >= unread.front().first; ++row) {  // the rows that wait for theirs
+    row->loss = sums[row->step - unread.front().first] / unread[row->step - unread.front().first].second;
+    row->tok_per_s = read_rate;
+  }
+  unread.clear();
+}
+
+// One optimizer step on the epoch's next batches; returns its learning rate.
+double Training::take_step(const std::vector<int>& order) {
+  const auto t0 = Clock::now();
+  if (unread.empty()) unread_start = t0;
+  // the step's batches: the next step_batches of the epoch's order; this rank takes every size-th
+  const long count = std::min(r.step_batches, (long)r.batches.size() - r.st.batch);
+  std::vector<Batch> mine;
+  std::vector<int> micro;
+  long tokens = 0;
+  for (long j = 0; j < count; ++j) {
+    const std::vector<int>& idx = r.batches[order[r.st.batch + j]];
+    for (int p : idx) tokens += (long)r.train[p].tgt.size() + 1;  // Batch::target_tokens, before the batch is made
+    if (j % r.ranks.size == r.ranks.rank) mine.push_back(to_batch(r.train, idx)), micro.push_back((int)j);
+  }
+  std::vector<const Batch*> mine_ptrs;
+  for (const Batch& b : mine) mine_ptrs.push_back(&b);
+  const double share = accumulate_gradients(m, mine_ptrs, micro, tokens, !defer_loss);
+  if (!defer_loss) check_loss(m.step + 1, loss = r.ranks.sum(share, "the loss", m.step + 1));
+  r.ranks.sum_gradients(gradient_data(m), m.params.size(), (bool)m.device, m.step + 1);
+  const double lr = transformer_update(m);
+  if (defer_loss) unread.push_back({m.step, tokens});
+  ++steps_run;
+  r.st.batch += count;
+  r.st.tokens += tokens;
+  const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (batches_out.is_open()) {  // after the step's clock stopped
+    for (const Batch& b : mine) write_batch(batches_out, m.step, b);
+    if (!batches_out.flush()) fail("cannot write " + o.batches_out);
+  }
+  window_tokens += tokens, window_seconds += dt;
+  if (defer_loss) unread_host_seconds += dt;
+  if ((long)unread.size() == kLossRing || steps_run == 1) read_losses();  // the first step's time (kernel
+                                                                          // loading, allocations) its own
+  log_tokens += tokens, log_seconds += dt;
+  return lr;
+}
+
+// progress: in place on a terminal (at most 10 a second), a plain line every 10 s otherwise
+void Training::progress(double epoch, double lr, Clock::time_point now, bool stopping) {
+  if (!o.quiet && (now - last_print > (tty ? std::chrono::milliseconds(100) : std::chrono::seconds(10)) || stopping)) {
+    read_losses();
+    const double el = elapsed();
+    double eta = (step_limit - m.step) * (el - elapsed0) / std::max(1L, m.step - first_step);
+    if (o.time_limit > 0) eta = std::min(eta, o.time_limit - el);
+    std::fprintf(stderr, "%sstep %ld | epoch %.2f | loss %.4f | lr %.2e | %.0f tok/s | %s elapsed | ETA %s%s", tty ? "\r\033[K" : "",
+                 m.step, epoch, loss, lr, window_tokens / window_seconds, clock_text(el).c_str(), clock_text(eta).c_str(), tty ? "" : "\n");
+    last_print = now;
+    window_tokens = window_seconds = 0;
+  }
+}
+
+// Trains until a reason to stop, which it returns (every rank the same).
+std::string Training::run() {
   std::string reason = stop_reason();
   while (reason.empty()) {
-    const std::vector<int> order = epoch_order(batches.size(), o.seed, st.epoch);
-    for (; st.batch < (long)batches.size() && reason.empty(); ) {
-      const auto t0 = std::chrono::steady_clock::now();
-      if (unread.empty()) unread_start = t0;
-      // the step's batches: the next step_batches of the epoch's order; this rank takes every size-th
-      const long count = std::min(step_batches, (long)batches.size() - st.batch);
-      std::vector<Batch> mine;
-      std::vector<int> micro;
-      long tokens = 0;
-      for (long j = 0; j < count; ++j) {
-        const std::vector<int>& idx = batches[order[st.batch + j]];
-        for (int p : idx) tokens += (long)train[p].tgt.size() + 1;  // Batch::target_tokens, before the batch is made
-        if (j % ranks.size == ranks.rank) mine.push_back(to_batch(train, idx)), micro.push_back((int)j);
-      }
-      std::vector<const Batch*> mine_ptrs;
-      for (const Batch& b : mine) mine_ptrs.push_back(&b);
-      const double share = accumulate_gradients(m, mine_ptrs, micro, tokens, !defer_loss);
-      if (!defer_loss) check_loss(m.step + 1, loss = ranks.sum(share, "the loss", m.step + 1));
-      ranks.sum_gradients(gradient_data(m), m.params.size(), (bool)m.device, m.step + 1);
-      const double lr = transformer_update(m);
-      if (defer_loss) unread.push_back({m.step, tokens});
-      ++steps_run;
-      st.batch += count;
-      st.tokens += tokens;
-      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (batches_out.is_open()) {  // after the step's clock stopped
-        for (const Batch& b : mine) write_batch(batches_out, m.step, b);
-        if (!batches_out.flush()) fail("cannot write " + o.batches_out);
-      }
-      window_tokens += tokens, window_seconds += dt;
-      if (defer_loss) unread_host_seconds += dt;
-      if ((long)unread.size() == kLossRing || steps_run == 1) read_losses();  // the first step's time (kernel
-                                                                              // loading, allocations) its own
-      log_tokens += tokens, log_seconds += dt;
-      LogRow row{m.step, st.epoch + (double)st.batch / batches.size(), NAN, lr, log_tokens / log_seconds, NAN, NAN, NAN};
-      const bool epoch_end = st.batch == (long)batches.size();
-      if (ranks.rank == 0 && (o.val_every > 0 ? m.step % o.val_every == 0 : epoch_end)) {
+    const std::vector<int> order = epoch_order(r.batches.size(), o.seed, r.st.epoch);
+    for (; r.st.batch < (long)r.batches.size() && reason.empty(); ) {
+      const double lr = take_step(order);
+      LogRow row{m.step, r.st.epoch + (double)r.st.batch / r.batches.size(), NAN, lr, log_tokens / log_seconds, NAN, NAN, NAN};
+      const bool epoch_end = r.st.batch == (long)r.batches.size();
+      if (r.ranks.rank == 0 && (o.val_every > 0 ? m.step % o.val_every == 0 : epoch_end)) {
         read_losses();  // no validation of a model whose loss went NaN
         validate(row);
       }
       if (m.step % o.log_every == 0 || !std::isnan(row.val_loss)) {
         row.loss = unread.empty() ? loss : NAN;  // NaN while the step's loss is unread: read_losses fills it in
         if (defer_loss && unread.empty()) row.tok_per_s = read_rate;  // read in this step, with its rate
-        rows.push_back(row);
+        r.rows.push_back(row);
         log_tokens = log_seconds = 0;
       }
-      if (epoch_end) st.epoch += 1, st.batch = 0;
+      if (epoch_end) r.st.epoch += 1, r.st.batch = 0;
       if (m.step % o.check_every == 0) check_same_parameters();
       reason = stop_reason();
-      // progress: in place on a terminal (at most 10 a second), a plain line every 10 s otherwise
-      const auto now = std::chrono::steady_clock::now();
-      if (!o.quiet && (now - last_print > (tty ? std::chrono::milliseconds(100) : std::chrono::seconds(10)) || !reason.empty())) {
-        read_losses();
-        const double el = elapsed();
-        double eta = (step_limit - m.step) * (el - elapsed0) / std::max(1L, m.step - first_step);
-        if (o.time_limit > 0) eta = std::min(eta, o.time_limit - el);
-        std::fprintf(stderr, "%sstep %ld | epoch %.2f | loss %.4f | lr %.2e | %.0f tok/s | %s elapsed | ETA %s%s", tty ? "\r\033[K" : "",
-                     m.step, row.epoch, loss, lr, window_tokens / window_seconds, clock_text(el).c_str(), clock_text(eta).c_str(), tty ? "" : "\n");
-        last_print = now;
-        window_tokens = window_seconds = 0;
-      }
+      const auto now = Clock::now();
+      progress(row.epoch, lr, now, !reason.empty());
       const bool checkpoint_due = o.checkpoint_minutes > 0 ? std::chrono::duration<double>(now - last_checkpoint).count() > o.checkpoint_minutes * 60
                                                            : epoch_end;
-      if (ranks.rank == 0 && checkpoint_due && reason.empty()) {
+      if (r.ranks.rank == 0 && checkpoint_due && reason.empty()) {
         read_losses();
-        st.elapsed = elapsed();
-        last_good = save_checkpoint(o.out, m, tok.hash(), st, o.keep, last_good);
-        write_log();
+        r.st.elapsed = elapsed();
+        last_good = save_checkpoint(o.out, m, r.tok.hash(), r.st, o.keep, last_good);
+        write_log(r);
         last_checkpoint = now;
       }
     }
@@ -1020,23 +1114,29 @@ int main(int argc, char** argv) {
   read_losses();
   if (tty) std::fprintf(stderr, "\n");
   check_same_parameters();
-  if (ranks.rank != 0) return 0;
+  return reason;
+}
+
+// The end, on rank 0: the summary, the last checkpoint, the final validation and the log, then (unless
+// interrupted) the averaged checkpoint and the test split's figures.
+void Training::finish(const std::string& reason) {
+  TrainState& st = r.st;
   st.elapsed = elapsed();
-  std::printf("stopped: %s at step %ld (epoch %.2f) after %s\n", reason.c_str(), m.step, st.epoch + (double)st.batch / batches.size(),
+  std::printf("stopped: %s at step %ld (epoch %.2f) after %s\n", reason.c_str(), m.step, st.epoch + (double)st.batch / r.batches.size(),
               clock_text(st.elapsed).c_str());
   if (defer_loss)
     std::printf("losses: read from the GPU %ld time%s in %ld steps (when a validation, the progress line, a checkpoint or the stop "
                 "needed them)\n", loss_reads, loss_reads == 1 ? "" : "s", steps_run);
-  last_good = save_checkpoint(o.out, m, tok.hash(), st, o.keep, last_good);
-  if (!interrupted && (rows.empty() || std::isnan(rows.back().val_loss))) {  // the final figures on the validation split
-    LogRow row{m.step, st.epoch + (double)st.batch / batches.size(), NAN, NAN, NAN, NAN, NAN, NAN};
-    if (!rows.empty()) row.loss = rows.back().loss, row.lr = rows.back().lr, row.tok_per_s = rows.back().tok_per_s;
+  last_good = save_checkpoint(o.out, m, r.tok.hash(), st, o.keep, last_good);
+  if (!interrupted && (r.rows.empty() || std::isnan(r.rows.back().val_loss))) {  // the final figures on the validation split
+    LogRow row{m.step, st.epoch + (double)st.batch / r.batches.size(), NAN, NAN, NAN, NAN, NAN, NAN};
+    if (!r.rows.empty()) row.loss = r.rows.back().loss, row.lr = r.rows.back().lr, row.tok_per_s = r.rows.back().tok_per_s;
     validate(row);
-    rows.push_back(row);
+    r.rows.push_back(row);
   }
-  write_log();
-  std::printf("checkpoint %s (%s/model.bin), log %s, curves %s/curves.svg\n", last_good.c_str(), o.out.c_str(), csv_path.c_str(), o.out.c_str());
-  if (interrupted) return 0;
+  write_log(r);
+  std::printf("checkpoint %s (%s/model.bin), log %s, curves %s/curves.svg\n", last_good.c_str(), o.out.c_str(), r.csv_path().c_str(), o.out.c_str());
+  if (interrupted) return;
 
   if (o.average > 0) {  // [§6] average the last checkpoints
     std::vector<std::string> all = list_checkpoints(o.out);
@@ -1048,7 +1148,36 @@ int main(int argc, char** argv) {
       fail(e.what());
     }
   }
-  Evaluation e = evaluate(m, test, corpus.test, tok, o.batch_tokens, o.test_sentences, corpus.numbers);
+  Evaluation e = evaluate(m, r.test, r.corpus.test, r.tok, o.batch_tokens, o.test_sentences, r.corpus.numbers);
   std::printf("test: loss %.4f, %s\n", e.loss, e.summary("--test-sentences").c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  limit_openmp_spinning(argv);
+  // Progress goes to stderr, everything else to stdout, line by line, so that a log captured with
+  // `./train > log 2>&1` holds every line in the order it was printed.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  Ranks ranks(&argc, &argv);  // one rank unless started by mpirun (parallel.h)
+  g_rank = ranks.rank;
+  Run r(ranks, command_line(argc, argv, ranks));
+  configure(r);
+  make_run_folder(r);
+  r.tok = vocabulary(r);
+  if (r.o.bpe_only) {
+    print_pieces(r.tok);
+    return 0;
+  }
+  save_vocabulary(r);
+  encode_data(r);
+  build_model(r);
+  make_batches(r);
+  measure_memory(r);
+  read_log(r);
+  std::signal(SIGINT, on_interrupt);
+  Training t(r);
+  const std::string reason = t.run();
+  if (ranks.rank == 0) t.finish(reason);
   return 0;
 }

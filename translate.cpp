@@ -380,162 +380,218 @@ void on_interrupt(int) {
   interrupted = 1;
 }
 
+// ---- the session's stages ---------------------------------------------------------------------------
+
+// What the stages share: the options (decoding.txt's defaults and the device filled in), the model and its
+// vocabulary, the references, and every input line with its translations.
+struct Session {
+  Options o;
+  std::unique_ptr<Transformer<float>> model;
+  Tokenizer tok;
+  std::string defaults_path;  // decoding.txt beside the checkpoint
+  std::vector<std::string> refs;
+  std::ofstream file;                           // -o
+  std::vector<std::vector<int>> src;            // every input line, encoded
+  std::vector<std::vector<Hypothesis>> result;  // and its translations
+  double seconds = 0;                           // spent decoding
+  bool rejected = false;                        // an interactive line was not valid UTF-8
+
+  explicit Session(Options options) : o(std::move(options)) {}
+  std::vector<std::vector<int>> encode(const std::vector<std::string>& lines, size_t first_line) const {  // encode_lines, warnings printed
+    const std::string input_name = o.input.empty() ? "stdin" : o.input;
+    const int max_src = model->cfg.max_len - 1;  // room for </s>
+    std::vector<std::string> warnings;
+    std::vector<std::vector<int>> ids = encode_lines(tok, lines, input_name, max_src, &warnings, first_line);
+    for (const std::string& w : warnings) std::fprintf(stderr, "translate: warning: %s\n", w.c_str());
+    return ids;
+  }
+  void check_refs(size_t lines) const {
+    if (!o.ref.empty() && refs.size() != lines)
+      fail(o.ref + " has " + std::to_string(refs.size()) + " lines but the input has " + std::to_string(lines));
+  }
+  std::ostream& open_output() {
+    if (o.output.empty()) return std::cout;
+    file.open(o.output, std::ios::binary);
+    if (!file) fail("cannot write " + o.output + ": " + std::strerror(errno));
+    return file;
+  }
+  void check_written(std::ostream& out) const {
+    if (!out.flush()) fail("cannot write " + (o.output.empty() ? std::string("stdout") : o.output));
+  }
+};
+
+// --score: BLEU of a file, no model
+void score_file(const Options& o) {
+  std::vector<std::string> hyps = read_text_lines(o.score), refs = read_text_lines(o.ref);
+  if (hyps.size() != refs.size())
+    fail(o.score + " has " + std::to_string(hyps.size()) + " lines but " + o.ref + " has " + std::to_string(refs.size()));
+  BleuScore s = corpus_bleu(hyps, refs, o.lowercase);
+  std::printf("%s\n%s\n", s.format().c_str(), bleu_signature(o.lowercase).c_str());
+}
+
+// The checkpoint, and the vocabulary it was trained with.
+void load_model(Session& s) {
+  const Options& o = s.o;
+  CheckpointMeta meta{};
+  s.model = checkpoint_load(o.model, &meta);
+  const std::string vocab_path = o.vocab.empty() ? directory_of(o.model) + "/vocab.bpe" : o.vocab;
+  s.tok = Tokenizer::load(vocab_path);
+  if (s.tok.hash() != meta.vocab_hash)
+    fail(vocab_path + " is not the vocabulary " + o.model + " was trained with (hash mismatch)");
+  if (s.tok.vocab_size() != s.model->cfg.V)
+    fail(vocab_path + " has " + std::to_string(s.tok.vocab_size()) + " tokens but the model has " + std::to_string(s.model->cfg.V));
+}
+
+// the run folder's decoding defaults, where the command line is silent
+void use_decoding_defaults(Session& s) {
+  Options& o = s.o;
+  s.defaults_path = directory_of(o.model) + "/decoding.txt";
+  DecodeOptions defaults;
+  const bool have_defaults = !o.tune && load_decoding_defaults(s.defaults_path, &defaults);
+  if (have_defaults && !o.beam_given) o.decode.beam = defaults.beam;
+  if (have_defaults && !o.alpha_given) o.decode.alpha = defaults.alpha;
+  if (!o.greedy && o.decode.n_best > o.decode.beam)
+    fail("--n-best " + std::to_string(o.decode.n_best) + " is more than the beam of " + std::to_string(o.decode.beam) +
+         (have_defaults && !o.beam_given ? " (" + s.defaults_path + ")" : "") + ": give a --beam of at least as many");
+}
+
+// The options checked against the model.
+void check_against_model(const Session& s) {
+  const Options& o = s.o;
+  const Config& c = s.model->cfg;
+  // Options that would only make work explode are refused or capped here, with one line each.
+  const int predictable = c.V - 2;  // decoding never predicts <pad> or <s>
+  for (int beam : o.tune ? o.beams : std::vector<int>{o.greedy ? 1 : o.decode.beam})
+    if (beam > predictable)
+      fail("a beam of " + std::to_string(beam) + " is more than the " + std::to_string(predictable) +
+           " tokens the model can predict: choose at most that many");
+  if (o.decode.max_extra >= c.max_len)
+    std::fprintf(stderr, "translate: warning: --max-extra %d cannot be met: outputs stop at the model's max_len of %d tokens\n",
+                 o.decode.max_extra, c.max_len);
+  if (o.attention_layer > c.N) fail("--attention-layer " + std::to_string(o.attention_layer) + ": the model has " + std::to_string(c.N) + " layers");
+  if (o.attention_head > c.H) fail("--attention-head " + std::to_string(o.attention_head) + ": the model has " + std::to_string(c.H) + " heads");
+}
+
+void choose_device(Session& s) {
+  Options& o = s.o;
+  if (o.device.empty()) o.device = gpu_available() && !gpu_emulated() ? "cuda" : "cpu";
+  if (!o.precision.empty() && o.device != "cuda") fail("--precision is a GPU option: it needs --device cuda");
+  if (o.device == "cuda") {
+    transformer_to_device(*s.model, Device::cuda);  // decoding and its K/V caches on the GPU
+    set_precision(o.precision.empty() ? default_precision() : parse_precision(o.precision));
+  }
+  if (o.batch < 0) o.batch = o.device == "cuda" ? 200 : 32;
+}
+
+// Interactive: each line is translated as soon as it is complete and its translation flushed. Ctrl-D
+// ends the input (then --ref, --stats and --attention report); Ctrl-C ends the session, with nothing
+// more (exit status 0, as ./train's Ctrl-C).
+void translate_interactively(Session& s) {
+  const Options& o = s.o;
+  std::signal(SIGINT, on_interrupt);
+  const bool prompt = isatty(STDIN_FILENO) && isatty(STDERR_FILENO);
+  if (prompt) std::fprintf(stderr, "translate: type a sentence and press Enter; Ctrl-D or Ctrl-C ends\n");
+  std::ifstream in_file;
+  if (!o.input.empty()) {
+    in_file.open(o.input, std::ios::binary);
+    if (!in_file) fail("cannot read " + o.input + ": " + std::strerror(errno));
+  }
+  std::istream& in = o.input.empty() ? std::cin : in_file;
+  std::ostream& out = s.open_output();
+  std::string line;
+  while (!interrupted) {
+    waiting_for_input = 1;
+    if (prompt) std::fputs("> ", stderr);
+    const bool more = (bool)std::getline(in, line);
+    waiting_for_input = 0;
+    if (!more) break;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    std::vector<int> ids;
+    try {
+      ids = s.encode({line}, s.src.size() + 1)[0];
+    } catch (const std::runtime_error& e) {  // invalid UTF-8: reported, and the session goes on; exit status 1 at the end
+      std::fprintf(stderr, "translate: %s\n", e.what());
+      s.rejected = true;
+    }
+    s.src.push_back(ids);
+    const auto t0 = std::chrono::steady_clock::now();
+    s.result.push_back(ids.empty() ? std::vector<Hypothesis>() : translate_chunk(*s.model, {ids}, o)[0]);
+    s.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    write_translation(out, s.src.size() - 1, s.result.back(), s.tok, o.decode.n_best);
+    s.check_written(out);
+  }
+}
+
+void read_input(Session& s) {
+  std::vector<std::string> lines = read_text_lines(s.o.input.empty() ? "-" : s.o.input);
+  s.check_refs(lines.size());
+  s.src = s.encode(lines, 1);  // a line that is not UTF-8 throws "NAME:LINE: ..." before anything is written
+}
+
+void translate_batch(Session& s) {
+  const auto t0 = std::chrono::steady_clock::now();
+  s.result = decode_all(*s.model, s.src, s.o);
+  s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::ostream& out = s.open_output();
+  for (size_t i = 0; i < s.src.size(); ++i) write_translation(out, i, s.result[i], s.tok, s.o.decode.n_best);
+  s.check_written(out);
+}
+
+// After the translations: --stats, BLEU against --ref, and --attention's maps of the first non-empty line.
+void report(Session& s) {
+  const Options& o = s.o;
+  size_t sentences = 0, first = s.src.size();
+  long tokens = 0;
+  const std::vector<std::string> hyps = best_translations(s.result, s.tok);
+  for (size_t i = 0; i < s.src.size(); ++i) {
+    if (s.result[i].empty()) continue;
+    ++sentences, first = std::min(first, i);
+    tokens += (long)s.result[i][0].tokens.size() + s.result[i][0].finished;  // target tokens count </s>
+  }
+  if (o.stats)  // the decoding alone: encoder, decoder steps and search
+    std::fprintf(stderr, "translate: %zu sentences, %ld target tokens in %.2f s on %s (%s): %.1f sentences/s, %.0f tokens/s\n",
+                 sentences, tokens, s.seconds, o.device.c_str(), o.greedy ? "greedy" : ("beam " + std::to_string(o.decode.beam)).c_str(),
+                 sentences / s.seconds, tokens / s.seconds);
+  if (!o.ref.empty()) print_bleu(hyps, s.refs, o.lowercase);
+  if (!o.attention.empty()) {
+    if (first == s.src.size()) fail("--attention: the input has no non-empty sentence to draw");
+    transformer_to_device(*s.model, Device::cpu);  // the maps are read from the CPU pass's saved activations
+    write_attention_svg(o.attention, *s.model, s.tok, s.src[first], s.result[first][0].tokens, o.attention_layer, o.attention_head);
+    std::fprintf(stderr, "translate: attention maps of line %zu written to %s\n", first + 1, o.attention.c_str());
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  Options o = parse(argc, argv);
+  Session s(parse(argc, argv));
   try {
-    if (!o.precision.empty()) parse_precision(o.precision);  // a bad name is an error before any work
-    if (!o.score.empty()) {  // BLEU of a file, no model
-      std::vector<std::string> hyps = read_text_lines(o.score), refs = read_text_lines(o.ref);
-      if (hyps.size() != refs.size())
-        fail(o.score + " has " + std::to_string(hyps.size()) + " lines but " + o.ref + " has " + std::to_string(refs.size()));
-      BleuScore s = corpus_bleu(hyps, refs, o.lowercase);
-      std::printf("%s\n%s\n", s.format().c_str(), bleu_signature(o.lowercase).c_str());
+    if (!s.o.precision.empty()) parse_precision(s.o.precision);  // a bad name is an error before any work
+    if (!s.o.score.empty()) {
+      score_file(s.o);
       return 0;
     }
-    CheckpointMeta meta{};
-    std::unique_ptr<Transformer<float>> model = checkpoint_load(o.model, &meta);
-    Transformer<float>& m = *model;
-    const std::string vocab_path = o.vocab.empty() ? directory_of(o.model) + "/vocab.bpe" : o.vocab;
-    Tokenizer tok = Tokenizer::load(vocab_path);
-    if (tok.hash() != meta.vocab_hash)
-      fail(vocab_path + " is not the vocabulary " + o.model + " was trained with (hash mismatch)");
-    if (tok.vocab_size() != m.cfg.V)
-      fail(vocab_path + " has " + std::to_string(tok.vocab_size()) + " tokens but the model has " + std::to_string(m.cfg.V));
-    // the run folder's decoding defaults, where the command line is silent
-    const std::string defaults_path = directory_of(o.model) + "/decoding.txt";
-    DecodeOptions defaults;
-    const bool have_defaults = !o.tune && load_decoding_defaults(defaults_path, &defaults);
-    if (have_defaults && !o.beam_given) o.decode.beam = defaults.beam;
-    if (have_defaults && !o.alpha_given) o.decode.alpha = defaults.alpha;
-    if (!o.greedy && o.decode.n_best > o.decode.beam)
-      fail("--n-best " + std::to_string(o.decode.n_best) + " is more than the beam of " + std::to_string(o.decode.beam) +
-           (have_defaults && !o.beam_given ? " (" + defaults_path + ")" : "") + ": give a --beam of at least as many");
-    // Options that would only make work explode are refused or capped here, with one line each.
-    const int predictable = m.cfg.V - 2;  // decoding never predicts <pad> or <s>
-    for (int beam : o.tune ? o.beams : std::vector<int>{o.greedy ? 1 : o.decode.beam})
-      if (beam > predictable)
-        fail("a beam of " + std::to_string(beam) + " is more than the " + std::to_string(predictable) +
-             " tokens the model can predict: choose at most that many");
-    if (o.decode.max_extra >= m.cfg.max_len)
-      std::fprintf(stderr, "translate: warning: --max-extra %d cannot be met: outputs stop at the model's max_len of %d tokens\n",
-                   o.decode.max_extra, m.cfg.max_len);
-    if (o.attention_layer > m.cfg.N) fail("--attention-layer " + std::to_string(o.attention_layer) + ": the model has " + std::to_string(m.cfg.N) + " layers");
-    if (o.attention_head > m.cfg.H) fail("--attention-head " + std::to_string(o.attention_head) + ": the model has " + std::to_string(m.cfg.H) + " heads");
-    if (o.device.empty()) o.device = gpu_available() && !gpu_emulated() ? "cuda" : "cpu";
-    if (!o.precision.empty() && o.device != "cuda") fail("--precision is a GPU option: it needs --device cuda");
-    if (o.device == "cuda") {
-      transformer_to_device(m, Device::cuda);  // decoding and its K/V caches on the GPU
-      set_precision(o.precision.empty() ? default_precision() : parse_precision(o.precision));
-    }
-    if (o.batch < 0) o.batch = o.device == "cuda" ? 200 : 32;
-
-    const std::string input_name = o.input.empty() ? "stdin" : o.input;
-    const int max_src = m.cfg.max_len - 1;  // room for </s>
-    auto encode = [&](const std::vector<std::string>& lines, size_t first_line) {  // encode_lines, warnings printed
-      std::vector<std::string> warnings;
-      std::vector<std::vector<int>> ids = encode_lines(tok, lines, input_name, max_src, &warnings, first_line);
-      for (const std::string& w : warnings) std::fprintf(stderr, "translate: warning: %s\n", w.c_str());
-      return ids;
-    };
-    std::vector<std::string> refs;
-    if (!o.ref.empty()) refs = read_text_lines(o.ref);
-    auto check_refs = [&](size_t lines) {
-      if (!o.ref.empty() && refs.size() != lines)
-        fail(o.ref + " has " + std::to_string(refs.size()) + " lines but the input has " + std::to_string(lines));
-    };
-    std::ofstream file;
-    auto open_output = [&]() -> std::ostream& {
-      if (o.output.empty()) return std::cout;
-      file.open(o.output, std::ios::binary);
-      if (!file) fail("cannot write " + o.output + ": " + std::strerror(errno));
-      return file;
-    };
-    auto check_written = [&](std::ostream& out) {
-      if (!out.flush()) fail("cannot write " + (o.output.empty() ? std::string("stdout") : o.output));
-    };
-
-    std::vector<std::vector<int>> src;               // every input line, encoded
-    std::vector<std::vector<Hypothesis>> result;     // and its translations
-    double seconds = 0;                              // spent decoding
-    bool rejected = false;                           // an interactive line was not valid UTF-8
-    if (o.interactive || (o.input.empty() && isatty(STDIN_FILENO))) {
-      // Interactive: each line is translated as soon as it is complete and its translation flushed. Ctrl-D
-      // ends the input (then --ref, --stats and --attention report); Ctrl-C ends the session, with nothing
-      // more (exit status 0, as ./train's Ctrl-C).
-      std::signal(SIGINT, on_interrupt);
-      const bool prompt = isatty(STDIN_FILENO) && isatty(STDERR_FILENO);
-      if (prompt) std::fprintf(stderr, "translate: type a sentence and press Enter; Ctrl-D or Ctrl-C ends\n");
-      std::ifstream in_file;
-      if (!o.input.empty()) {
-        in_file.open(o.input, std::ios::binary);
-        if (!in_file) fail("cannot read " + o.input + ": " + std::strerror(errno));
-      }
-      std::istream& in = o.input.empty() ? std::cin : in_file;
-      std::ostream& out = open_output();
-      std::string line;
-      while (!interrupted) {
-        waiting_for_input = 1;
-        if (prompt) std::fputs("> ", stderr);
-        const bool more = (bool)std::getline(in, line);
-        waiting_for_input = 0;
-        if (!more) break;
-        if (!line.empty() && line.back() == '\r') line.pop_back();
-        std::vector<int> ids;
-        try {
-          ids = encode({line}, src.size() + 1)[0];
-        } catch (const std::runtime_error& e) {  // invalid UTF-8: reported, and the session goes on; exit status 1 at the end
-          std::fprintf(stderr, "translate: %s\n", e.what());
-          rejected = true;
-        }
-        src.push_back(ids);
-        const auto t0 = std::chrono::steady_clock::now();
-        result.push_back(ids.empty() ? std::vector<Hypothesis>() : translate_chunk(m, {ids}, o)[0]);
-        seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        write_translation(out, src.size() - 1, result.back(), tok, o.decode.n_best);
-        check_written(out);
-      }
+    load_model(s);
+    use_decoding_defaults(s);
+    check_against_model(s);
+    choose_device(s);
+    if (!s.o.ref.empty()) s.refs = read_text_lines(s.o.ref);
+    if (s.o.interactive || (s.o.input.empty() && isatty(STDIN_FILENO))) {
+      translate_interactively(s);
       if (interrupted) return 0;
-      check_refs(src.size());
+      s.check_refs(s.src.size());
     } else {
       // Batch: encode everything first, so that a bad line stops the run before any output is written;
       // then decode in batches of similar length (less padding) and write in input order.
-      std::vector<std::string> lines = read_text_lines(o.input.empty() ? "-" : o.input);
-      check_refs(lines.size());
-      src = encode(lines, 1);  // a line that is not UTF-8 throws "NAME:LINE: ..." before anything is written
-      if (o.tune) {
-        tune_decoding(m, tok, src, refs, o, defaults_path);
+      read_input(s);
+      if (s.o.tune) {
+        tune_decoding(*s.model, s.tok, s.src, s.refs, s.o, s.defaults_path);
         return 0;
       }
-      const auto t0 = std::chrono::steady_clock::now();
-      result = decode_all(m, src, o);
-      seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      std::ostream& out = open_output();
-      for (size_t i = 0; i < src.size(); ++i) write_translation(out, i, result[i], tok, o.decode.n_best);
-      check_written(out);
+      translate_batch(s);
     }
-
-    size_t sentences = 0, first = src.size();
-    long tokens = 0;
-    const std::vector<std::string> hyps = best_translations(result, tok);
-    for (size_t i = 0; i < src.size(); ++i) {
-      if (result[i].empty()) continue;
-      ++sentences, first = std::min(first, i);
-      tokens += (long)result[i][0].tokens.size() + result[i][0].finished;  // target tokens count </s>
-    }
-    if (o.stats)  // the decoding alone: encoder, decoder steps and search
-      std::fprintf(stderr, "translate: %zu sentences, %ld target tokens in %.2f s on %s (%s): %.1f sentences/s, %.0f tokens/s\n",
-                   sentences, tokens, seconds, o.device.c_str(), o.greedy ? "greedy" : ("beam " + std::to_string(o.decode.beam)).c_str(),
-                   sentences / seconds, tokens / seconds);
-    if (!o.ref.empty()) print_bleu(hyps, refs, o.lowercase);
-    if (!o.attention.empty()) {
-      if (first == src.size()) fail("--attention: the input has no non-empty sentence to draw");
-      transformer_to_device(m, Device::cpu);  // the maps are read from the CPU pass's saved activations
-      write_attention_svg(o.attention, m, tok, src[first], result[first][0].tokens, o.attention_layer, o.attention_head);
-      std::fprintf(stderr, "translate: attention maps of line %zu written to %s\n", first + 1, o.attention.c_str());
-    }
-    return rejected ? 1 : 0;
+    report(s);
+    return s.rejected ? 1 : 0;
   } catch (const std::exception& e) {
     fail(e.what());
   }
