@@ -1,5 +1,7 @@
-# The front door: `make` builds every program and test program, `make test` runs CTest,
-# `make bench` prints benchmark figures, `make data` fetches Multi30k into data/multi30k.
+# The front door: `make` builds the programs (./train, ./translate); `make test` builds the test programs and
+# runs the quick suite (CTest label quick: every kind of check at a small size, a few minutes); `make check`
+# runs the whole suite (every long test: what .ci/run calls); `make bench` prints benchmark figures; `make
+# data` fetches Multi30k into data/multi30k.
 #
 #   make            nvcc found: transformer.cu compiled by nvcc (CPU + CUDA paths: it includes gpu/model.cuh)
 #   make CPU=1      transformer.cu compiled by g++ as C++ (CPU path only)
@@ -9,9 +11,10 @@
 #   make fuzz       builds the libFuzzer targets of test/fuzz with clang in build-fuzz/ and runs each
 #                   for SECONDS seconds (default 60; RUNS=N stops each after N inputs) on its seed corpus
 #
-# Whatever the configuration, `make test` also builds the GPU tests against the emulator, with
-# AddressSanitizer and UndefinedBehaviorSanitizer, in build/emu/ (see "The emulated GPU" in NOTES.md);
-# `make test CTEST_ARGS="-LE emulated"` leaves them out (CI runs them once, not in every configuration).
+# Whatever the configuration, the tests run the GPU path on the emulated GPU too: `make test` in build/grade/
+# (optimised, as the course grader), `make check` also in build/emu/ with AddressSanitizer and
+# UndefinedBehaviorSanitizer (see "The emulated GPU" in NOTES.md); CTEST_ARGS="-LE emulated" leaves them out
+# (CI runs them once, not in every configuration).
 #
 # Objects go to build/; a stamp records the configuration (compiler flags included) so switching CPU=1 or
 # SANITIZE=1 on or off rebuilds build/'s objects: sanitized and plain objects never mix. build/grade/ and build/emu/'s
@@ -146,9 +149,9 @@ ifeq ($(SANITIZE),1)
   GRADE_OBJS := $(EMU_OBJS)
 endif
 
-.PHONY: all emu test mutants bench data fuzz clean grade snapshots handout submission FORCE
+.PHONY: all tests emu test check mutants planted bench data fuzz clean grade snapshots handout submission FORCE
 .SECONDARY:  # keep the objects: they are intermediate files of pattern rules
-all: $(PROGRAMS) $(TESTS)
+all: $(PROGRAMS)
 
 # stamp WORDS: the recipe of a stamp that records WORDS, rewritten (so that what depends on it is built again)
 # only when they change
@@ -213,7 +216,7 @@ $(GRADE_BUILD)/%.o: %.cpp $(HEADERS) $(GRADE_BUILD)/config.stamp
 $(GRADE_BUILD)/course/%: $(GRADE_BUILD)/course/%.o $(GRADE_OBJS)
 	$(CXX) $^ -o $@ $(EMU_LDLIBS)
 
-$(GRADE_BUILD)/test/bench: $(GRADE_BUILD)/test/bench.o $(GRADE_OBJS)
+$(GRADE_BUILD)/test/%: $(GRADE_BUILD)/test/%.o $(GRADE_OBJS)
 	$(CXX) $^ -o $@ $(EMU_LDLIBS)
 
 $(GRADE_BUILD)/train: $(GRADE_BUILD)/train.o $(GRADE_OBJS)
@@ -225,7 +228,13 @@ emu: $(EMU_TESTS)
 # (their COST in test/CTestTestfile.cmake). Waiting OpenMP threads sleep (OMP_WAIT_POLICY=passive): left
 # spinning, two tests' thread teams on the same 2 cores made translate_cli take 196 s instead of 44 s.
 TEST_JOBS ?= $(shell getconf _NPROCESSORS_ONLN)
-test: all emu $(COURSE) $(GRADE_BUILD)/test/bench $(GRADE_BUILD)/train
+# The quick suite's programs: the CPU tests, and the emulated GPU's parity test and course grader from
+# build/grade's objects (one emulated build, optimised; `make check` adds build/emu's sanitized one).
+QUICK_PROGRAMS := $(PROGRAMS) $(TESTS) $(GRADE_BUILD)/course/grade $(GRADE_BUILD)/test/parity_gpu
+tests: $(QUICK_PROGRAMS)
+test: tests
+	OMP_WAIT_POLICY=passive ctest --test-dir test --output-on-failure -j$(TEST_JOBS) -L quick $(CTEST_ARGS)
+check: tests emu $(COURSE) $(GRADE_BUILD)/test/bench $(GRADE_BUILD)/train
 	OMP_WAIT_POLICY=passive ctest --test-dir test --output-on-failure -j$(TEST_JOBS) $(CTEST_ARGS)
 
 # Bugs planted in copies of the GPU path (gpu/*.cuh), each of which the emulated parity_gpu must catch. A mutant's
@@ -241,12 +250,16 @@ mutants: emu
 	  "$(EMU_CXXFLAGS)" "$(EMU_LDLIBS)" \
 	  "$(filter-out %/transformer.o,$(EMU_OBJS)) $(EMU_BUILD)/test/parity_gpu.o"
 
+# One error planted in each area of the CPU model, each of which the quick suite must catch (test/planted.sh).
+planted:
+	bash test/planted.sh $(TEST_JOBS)
+
 # Multi30k into data/multi30k (from $MULTI30K_DIR when set, else downloaded): see data/get_multi30k.sh.
 data:
 	bash data/get_multi30k.sh data/multi30k
 
 # Benchmarks print figures (they are not tests): see test/bench.sh.
-bench: all $(GRADE_BUILD)/test/bench
+bench: all $(TESTS) $(GRADE_BUILD)/test/bench
 	bash test/bench.sh
 
 # ---- fuzzing: libFuzzer targets (clang), each linked with the library sources ---------------------------

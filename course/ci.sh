@@ -6,7 +6,7 @@
 #      points (the hidden checks can fail);
 #   3. every task blanked scores 0 and leaves full points to every task not blanked (graded with --reference,
 #      the solution: a task whose checks call a blanked one is graded again on its own code alone);
-#   4. the handout with every task blanked builds completely (`make all`) and scores 0;
+#   4. the handout with every task blanked builds completely (`make all tests`) and scores 0;
 #   5. every planted wrong answer of course/mutants.txt loses points on its task, and every task without
 #      one keeps full points; a task that hangs or crashes loses its own points only; a planted answer in
 #      a task whose checks call other tasks loses points again with those tasks blanked (the isolated
@@ -105,7 +105,7 @@ run_job() {
   fi
   cp -a "$work/base/build" "$dir/"  # unchanged sources keep their times (copy2): their objects stay valid
   local target=build/grade/course/grade
-  [ "$job" = "blank all" ] && target="all $target"  # every program and test compiles with every stub
+  [ "$job" = "blank all" ] && target="all tests $target"  # every program and test compiles with every stub
   if ! make -C "$dir" CPU=1 $target >"$dir/build.log" 2>&1; then
     echo "FAIL $job: does not build"; tail -5 "$dir/build.log"; return 1
   fi

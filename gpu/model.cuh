@@ -4,6 +4,7 @@
 // stubs at the end say the build has no CUDA path. Included at the end of transformer.cu.
 #pragma once
 
+// ---- every build: the products' precisions by name, and the GPU step's CUDA graphs switch -----------------
 const char* precision_name(Precision p) {
   switch (p) {
     case Precision::fp32: return "fp32";
@@ -21,6 +22,7 @@ Precision parse_precision(const std::string& name) {
 static bool cuda_graphs = true;  // set_cuda_graphs (the GPU training step's)
 void set_cuda_graphs(bool on) { cuda_graphs = on; }
 
+// ---- the GPU path: the kernel families, in transformer.cu's order of their CPU twins -----------------------
 #ifdef TRANSFORMER_CUDA
 #include "common.cuh"
 #include "bf16.cuh"
@@ -423,6 +425,7 @@ void set_precision(Precision p) {
 }
 #endif
 
+// ---- every build: where a model runs (Transformer::device, null on the CPU) --------------------------------
 void transformer_download(Transformer<float>& m) {
   if (m.device) m.device->download();
 }

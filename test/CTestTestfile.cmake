@@ -1,4 +1,5 @@
-# Hand-written CTest file: `make test` runs `ctest --test-dir test --output-on-failure`.
+# Hand-written CTest file: `make check` runs `ctest --test-dir test --output-on-failure`, `make test` the
+# tests labelled quick.
 # Test programs are built by the Makefile into build/test/. GPU-only tests exit 77 when no GPU is
 # present and carry SKIP_RETURN_CODE 77 and the label gpu. Tests that need Multi30k skip (77) before
 # `make data`, with one line saying so. The outside references (PyTorch, sacreBLEU) are in test/golden.
@@ -48,6 +49,15 @@ add_test(bf16_numbers bash "${ROOT}/test/bf16_numbers.sh" "${ROOT}")
 set_tests_properties(parity_gpu sanitize_gpu bf16_numbers PROPERTIES SKIP_RETURN_CODE 77 LABELS gpu)
 add_test(bf16_numbers_emulated bash "${ROOT}/test/bf16_numbers.sh" "${ROOT}" "${ROOT}/build/grade/train")
 set_tests_properties(bf16_numbers_emulated PROPERTIES ENVIRONMENT "OMP_WAIT_POLICY=passive" LABELS emulated SKIP_RETURN_CODE 77)
+# The quick suite (`make test`, `ctest -L quick`): every kind of check at a small size. The GPU path's
+# parity test there runs on build/grade's emulated GPU (optimised, no sanitizers: make check's three
+# orders run build/emu's, sanitized), and the crash test kills ./train 6 times, not 60.
+add_test(parity_gpu_quick "../build/grade/test/parity_gpu")
+set_tests_properties(parity_gpu_quick PROPERTIES ENVIRONMENT "OMP_WAIT_POLICY=passive;CUDA_EMULATOR_ORDER=inorder" LABELS "quick;emulated")
+add_test(crash_safety_quick bash "${ROOT}/test/crash_safety.sh" "${ROOT}" 6)
+set_tests_properties(gradcheck gemm fastexp model_golden paper_values notes_refs decoding bpe bpe_multi30k bleu_golden
+                     numbers data_sha256 checkpoint train_cli translate_cli crash_safety_quick accumulate step_alloc course
+                     PROPERTIES LABELS quick)
 # What each long test costs (seconds, plain build, 2-core CI machine), so that `ctest -j` starts the longest
 # first and the short ones fill in beside them.
 set_tests_properties(bf16_numbers_emulated PROPERTIES COST 912)
@@ -59,4 +69,5 @@ set_tests_properties(crash_safety PROPERTIES COST 48)
 set_tests_properties(translate_cli PROPERTIES COST 44)
 set_tests_properties(parity_gpu_emulated_reverse PROPERTIES COST 43)
 set_tests_properties(parity_gpu_emulated PROPERTIES COST 40)
+set_tests_properties(parity_gpu_quick PROPERTIES COST 10)
 set_tests_properties(gpu_counts PROPERTIES COST 30)

@@ -9,8 +9,9 @@
 // double over the whole model's step, floor 1e-4 puts ~200 of 6188 gradient elements over 1e-5, floor 0.1
 // none, worst 1.8e-6. Multi-head attention's dxq, RMS 1.1, has an element that cancels to -0.040 from
 // three chained products: 1.1e-6 apart, 1.1e-5 of 0.1 but 1.0e-6 of the RMS.)
-// Runs on the GPU, or on the emulated GPU of cuda_emulator.h in the emulated build (build/emu/test/parity_gpu,
-// which make test runs on every machine); exits 77 when the build has no CUDA path or no GPU is present.
+// Runs on the GPU, or on the emulated GPU of cuda_emulator.h in the emulated builds (build/emu/test/parity_gpu,
+// which make check runs on every machine, and build/grade/test/parity_gpu, the quick suite's); exits 77 when
+// the build has no CUDA path or no GPU is present.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
