@@ -8,6 +8,9 @@
 #   make EMU=1      transformer.cu compiled by g++ against test/cuda_emulator.h: the CUDA path (gpu/) runs on the CPU
 #   make SANITIZE=1 every object, program and test with AddressSanitizer and UndefinedBehaviorSanitizer
 #                   (`make CPU=1 SANITIZE=1 test` runs the whole CPU suite under them)
+#   make OPENMP=0   without OpenMP: every CPU loop on one thread
+#   make CXX=clang++  clang instead of g++ (OpenMP from libomp-dev); on macOS, Apple clang (utf8proc and libomp
+#                   from Homebrew); the Makefile keeps to GNU make 3.81, macOS's
 #   make fuzz       builds the libFuzzer targets of test/fuzz with clang in build-fuzz/ and runs each
 #                   for SECONDS seconds (default 60; RUNS=N stops each after N inputs) on its seed corpus
 #
@@ -25,6 +28,12 @@ CXX      ?= g++
 CXXFLAGS ?= -O3 -g
 # -fno-math-errno: sqrt need not set errno (nothing reads it after math), so loops that take one vectorise
 CXXFLAGS += -std=c++17 -Wall -Wextra -Wno-unused-parameter -fno-math-errno
+# clang (and Apple clang, macOS's g++) warns where it cannot vectorise a loop marked `omp simd`: the float
+# max reductions of the softmaxes, which it vectorises only under -ffast-math (g++ does, as asked)
+CLANG    := $(findstring clang,$(shell $(CXX) --version 2>/dev/null))
+ifneq ($(CLANG),)
+  CXXFLAGS += -Wno-pass-failed
+endif
 LDLIBS   :=
 BUILD    := build
 
@@ -42,32 +51,71 @@ endif
 EMULATED_GPU := -DTRANSFORMER_CUDA -DTRANSFORMER_EMULATED_GPU -Wno-unknown-pragmas
 
 # ---- probes ------------------------------------------------------------------------------------
+UNAME := $(shell uname -s)
 ifneq ($(filter 1,$(CPU) $(EMU)),)
   NVCC :=
 else
   NVCC := $(shell command -v nvcc 2>/dev/null)
 endif
-OPENMP := $(shell echo 'int main(){return 0;}' | $(CXX) -fopenmp -x c++ - -o /dev/null 2>/dev/null && echo yes)
+# utf8proc: through pkg-config; on macOS from Homebrew (its pkg-config file, or else `brew --prefix`); on
+# Linux, as root, `make` installs Debian's package itself.
 UTF8PROC := $(shell pkg-config --exists libutf8proc 2>/dev/null && echo yes)
-ifneq ($(UTF8PROC),yes)
+ifeq ($(UTF8PROC),yes)
+  UTF8PROC_CFLAGS := $(shell pkg-config --cflags libutf8proc)
+  UTF8PROC_LIBS   := $(shell pkg-config --libs libutf8proc)
+else ifeq ($(UNAME),Darwin)
+  UTF8PROC_PREFIX := $(shell brew --prefix utf8proc 2>/dev/null)
+  ifneq ($(wildcard $(UTF8PROC_PREFIX)/include/utf8proc.h),)
+    UTF8PROC        := yes
+    UTF8PROC_CFLAGS := -I$(UTF8PROC_PREFIX)/include
+    UTF8PROC_LIBS   := -L$(UTF8PROC_PREFIX)/lib -lutf8proc
+  else
+    $(error utf8proc not found; install it with: brew install utf8proc)
+  endif
+else
   ifeq ($(shell id -u),0)
     $(info utf8proc missing: installing libutf8proc-dev with apt-get)
     $(shell (apt-get install -y libutf8proc-dev || (apt-get update && apt-get install -y libutf8proc-dev)) >/dev/null 2>&1)
     UTF8PROC := $(shell pkg-config --exists libutf8proc 2>/dev/null && echo yes)
   endif
+  ifneq ($(UTF8PROC),yes)
+    $(error utf8proc not found; install it with: sudo apt-get install libutf8proc-dev)
+  endif
+  UTF8PROC_CFLAGS := $(shell pkg-config --cflags libutf8proc)
+  UTF8PROC_LIBS   := $(shell pkg-config --libs libutf8proc)
 endif
-ifneq ($(UTF8PROC),yes)
-  $(error utf8proc not found; install it with: sudo apt-get install libutf8proc-dev)
-endif
-CXXFLAGS += $(shell pkg-config --cflags libutf8proc)
-LDLIBS   += $(shell pkg-config --libs libutf8proc)
+CXXFLAGS += $(UTF8PROC_CFLAGS)
+LDLIBS   += $(UTF8PROC_LIBS)
 
-ifeq ($(OPENMP),yes)
-  CXXFLAGS += -fopenmp
-  LDLIBS   += -fopenmp
+# OpenMP: -fopenmp where the compiler has it (g++; clang++ with libomp-dev); Apple clang has no OpenMP of its
+# own, and takes Homebrew's libomp through -Xpreprocessor. OPENMP=0 builds without it.
+# (\043 is printf's '#': make 3.81 and 4.3 read a '#' in a function call differently)
+omp_probe = $(shell printf '\043include <omp.h>\nint main() { return omp_get_max_threads(); }\n' | \
+                    $(CXX) $(1) -x c++ - -o /dev/null $(2) 2>/dev/null && echo yes)
+ifeq ($(OPENMP),0)
+  OPENMP_WHY := off (OPENMP=0)
+else ifeq ($(call omp_probe,-fopenmp,-fopenmp),yes)
+  OPENMP_CXXFLAGS := -fopenmp
+  OPENMP_LIBS     := -fopenmp
+else ifeq ($(UNAME),Darwin)
+  LIBOMP_PREFIX := $(shell brew --prefix libomp 2>/dev/null)
+  ifeq ($(call omp_probe,-Xpreprocessor -fopenmp -I$(LIBOMP_PREFIX)/include,-L$(LIBOMP_PREFIX)/lib -lomp),yes)
+    OPENMP_CXXFLAGS := -Xpreprocessor -fopenmp -I$(LIBOMP_PREFIX)/include
+    OPENMP_LIBS     := -L$(LIBOMP_PREFIX)/lib -lomp
+  else
+    OPENMP_WHY := not found (brew install libomp)
+  endif
+else
+  OPENMP_WHY := not found
+endif
+ifneq ($(OPENMP_LIBS),)
+  CXXFLAGS += $(OPENMP_CXXFLAGS)
+  LDLIBS   += $(OPENMP_LIBS)
   $(info ✓ OpenMP)
 else
-  $(info ✗ OpenMP not found: CPU loops run on one core)
+  # the loops' `#pragma omp` lines are then unknown pragmas, on purpose
+  CXXFLAGS += -Wno-unknown-pragmas
+  $(info ✗ OpenMP $(OPENMP_WHY): CPU loops run on one core)
 endif
 
 ifneq ($(NVCC),)
@@ -75,7 +123,7 @@ ifneq ($(NVCC),)
   NVCCFLAGS ?= -O3 -g
   # the two architectures' device code compiled side by side (--threads 2): 63 s instead of 100 on 2 cores
   NVCCFLAGS += -std=c++17 -x cu -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 --threads 2 \
-               -Xcompiler "$(filter -fopenmp -march=% -fno-math-errno,$(CXXFLAGS)) -Wall" $(shell pkg-config --cflags libutf8proc)
+               -Xcompiler "$(filter -fopenmp -march=% -fno-math-errno,$(CXXFLAGS)) -Wall" $(UTF8PROC_CFLAGS)
   LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart
   CXXFLAGS += -DTRANSFORMER_CUDA
   NVCCFLAGS += -DTRANSFORMER_CUDA
@@ -114,13 +162,13 @@ CONFIG := $(CONFIG)$(if $(MPI_LIBS), mpi)$(if $(NCCL_LIBS), nccl)
 
 # The emulated GPU's tests: the GPU path compiled by g++ against test/cuda_emulator.h, with the sanitizers.
 EMU_BUILD    := $(BUILD)/emu
-EMU_CXXFLAGS := -O1 -g -std=c++17 -Wall -Wextra -Wno-unused-parameter $(filter -fopenmp,$(CXXFLAGS)) \
-                $(shell pkg-config --cflags libutf8proc) $(EMULATED_GPU) $(SANITIZE_FLAGS)
+EMU_CXXFLAGS := -O1 -g -std=c++17 -Wall -Wextra -Wno-unused-parameter $(OPENMP_CXXFLAGS) \
+                $(UTF8PROC_CFLAGS) $(EMULATED_GPU) $(SANITIZE_FLAGS)
 # AddressSanitizer's runtime linked in statically where g++ links it (clang always does): the emulator switches
 # stacks at every __syncthreads and warp collective, and each switch tells the runtime, whose thread-local
 # state costs a __tls_get_addr call from a shared library (the emulated tests ran 13% longer)
-EMU_LDLIBS   := $(shell pkg-config --libs libutf8proc) $(filter -fopenmp $(SANITIZE_FLAGS),$(LDLIBS)) \
-                $(if $(findstring clang,$(shell $(CXX) --version 2>/dev/null)),,-static-libasan)
+EMU_LDLIBS   := $(UTF8PROC_LIBS) $(filter $(SANITIZE_FLAGS),$(LDLIBS)) $(OPENMP_LIBS) \
+                $(if $(CLANG),,-static-libasan)
 EMU_TESTS    := $(EMU_BUILD)/test/parity_gpu $(EMU_BUILD)/test/cuda_emulator $(EMU_BUILD)/train
 
 # ---- sources -----------------------------------------------------------------------------------
@@ -180,8 +228,10 @@ $(EMU_BUILD)/%.o: %.cpp $(HEADERS)
 $(EMU_BUILD)/test/%: $(EMU_BUILD)/test/%.o $(EMU_OBJS)
 	$(CXX) $(EMU_CXXFLAGS) $^ -o $@ $(EMU_LDLIBS)
 
-# ./train on the emulated GPU: test/data_parallel.sh runs its GPU path (gradients in "device" buffers) over MPI
-$(EMU_BUILD)/train.o: private EMU_CXXFLAGS += $(TRAIN_FLAGS)
+# ./train on the emulated GPU: test/data_parallel.sh runs its GPU path (gradients in "device" buffers) over MPI.
+# (Target-specific variables here are not `private`, which GNU make 3.81 lacks: the prerequisites inherit
+# them, and none of their recipes reads them.)
+$(EMU_BUILD)/train.o: EMU_CXXFLAGS += $(TRAIN_FLAGS)
 $(EMU_BUILD)/train.o: $(EMU_BUILD)/mpi.stamp  # MPI found or lost: build again
 $(EMU_BUILD)/mpi.stamp: FORCE
 	$(call stamp,$(TRAIN_FLAGS) $(MPI_LIBS))
@@ -190,13 +240,15 @@ $(EMU_BUILD)/train: $(EMU_BUILD)/train.o $(EMU_OBJS)
 
 $(BUILD)/%.o: %.cpp $(HEADERS) $(BUILD)/config.stamp
 	@mkdir -p $(dir $@)
-	$(CXX) $(CXXFLAGS) -c $< -o $@
+	$(CXX) $(CXXFLAGS) $(OBJECT_FLAGS) -c $< -o $@
 
 $(PROGRAMS): %: $(BUILD)/%.o $(LIB_OBJS)
 	$(CXX) $^ -o $@ $(LDLIBS)
 
-$(BUILD)/train.o: private CXXFLAGS += $(TRAIN_FLAGS) $(NCCL_FLAGS)
-train: private LDLIBS += $(MPI_LIBS) $(NCCL_LIBS)
+# ./train's object alone has MPI's and NCCL's flags: in a variable of their own, which the prerequisite
+# $(BUILD)/config.stamp does not record
+$(BUILD)/train.o: OBJECT_FLAGS = $(TRAIN_FLAGS) $(NCCL_FLAGS)
+train: LDLIBS += $(MPI_LIBS) $(NCCL_LIBS)
 
 $(BUILD)/test/%: $(BUILD)/test/%.o $(LIB_OBJS)
 	$(CXX) $^ -o $@ $(LDLIBS)
@@ -265,7 +317,7 @@ bench: all $(TESTS) $(GRADE_BUILD)/test/bench
 # ---- fuzzing: libFuzzer targets (clang), each linked with the library sources ---------------------------
 FUZZ_CXX     ?= clang++
 FUZZ_BUILD   := build-fuzz
-FUZZ_FLAGS   := -g -O1 -std=c++17 -march=native -Wall -Wno-unknown-pragmas $(shell pkg-config --cflags libutf8proc) \
+FUZZ_FLAGS   := -g -O1 -std=c++17 -march=native -Wall -Wno-unknown-pragmas $(UTF8PROC_CFLAGS) \
                 -fsanitize=address,undefined -fno-sanitize-recover=all
 FUZZ_LIB     := $(FUZZ_BUILD)/transformer.o $(patsubst %.cpp,$(FUZZ_BUILD)/%.o,$(LIB_SRCS))
 FUZZ_TARGETS := $(patsubst test/fuzz/%.cpp,$(FUZZ_BUILD)/%,$(wildcard test/fuzz/fuzz_*.cpp))
@@ -279,7 +331,7 @@ $(FUZZ_BUILD)/%.o: %.cpp $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CXX) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
 $(FUZZ_BUILD)/fuzz_%: test/fuzz/fuzz_%.cpp test/fuzz/fuzz.h $(FUZZ_LIB) $(HEADERS)
-	$(FUZZ_CXX) $(FUZZ_FLAGS) -fsanitize=fuzzer $< $(FUZZ_LIB) -o $@ $(shell pkg-config --libs libutf8proc)
+	$(FUZZ_CXX) $(FUZZ_FLAGS) -fsanitize=fuzzer $< $(FUZZ_LIB) -o $@ $(UTF8PROC_LIBS)
 
 # Each target for SECONDS seconds (or RUNS inputs, whichever comes first), one after the other; new inputs go to build-fuzz/corpus, crashes to
 # build-fuzz/crash-*. Prints the inputs each ran; fails on the first crash, leak, timeout or excess memory.

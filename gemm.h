@@ -4,11 +4,11 @@
 //
 // Blocked as BLAS libraries do: a (KC x NC) block of op(B) is packed into NR-wide column panels, an
 // MR-row panel of op(A) beside it, and a register-tile kernel accumulates each MR x NR tile of C over the
-// block's KC terms. The kernel is written once per instruction set (AVX-512, AVX2 + FMA, plain C++), each
-// compiled for its own target with a function attribute, and chosen at run time from what the CPU reports:
-// the build needs no -march flag and runs on any x86-64 (or, with the plain kernel only, elsewhere).
-// Every element of C sums its K terms in the same order whatever the number of threads; the kernels round
-// differently from one another (the AVX kernels fuse each multiply-add).
+// block's KC terms. The kernel is written once per instruction set (AVX-512, AVX2 + FMA, NEON, plain C++),
+// each compiled for its own target (the x86 ones with a function attribute), and chosen at run time from
+// what the CPU reports: the build needs no -march flag and runs on any x86-64 or AArch64 (or, with the plain
+// kernel only, elsewhere). Every element of C sums its K terms in the same order whatever the number of
+// threads; the kernels round differently from one another (the AVX and NEON kernels fuse each multiply-add).
 #pragma once
 #include <algorithm>
 #include <cstdlib>
@@ -20,6 +20,10 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define GEMM_X86 1
+#endif
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#define GEMM_NEON 1
 #endif
 
 namespace cpu {
@@ -105,6 +109,41 @@ __attribute__((target("avx512f"))) void tile_avx512(int kc, const float* a, cons
 }
 #endif
 
+#ifdef GEMM_NEON
+// ---- hot loop: NEON (AArch64), 12 x 8 tile: 24 of the 32 q registers accumulate; per k, 2 loads of B and 3
+// of A, whose lanes the 24 multiply-adds take as their multipliers (fmla by element: no broadcasts). Written
+// with the vector extension's operators, which g++ and clang contract into fmla: with vfmaq_laneq_f32, g++ 12
+// counts each intrinsic as a side effect (it may raise a floating-point exception) and stored all 24
+// accumulators to the stack at every k ----
+constexpr int kNeonMR = 12, kNeonNR = 8;
+void tile_neon(int kc, const float* a, const float* b, float* C, int ldc, int h, int w) {
+  constexpr int MR = kNeonMR, NR = kNeonNR;
+  float32x4_t acc[MR][2];
+  for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = vdupq_n_f32(0.0f);
+  for (int k = 0; k < kc; ++k) {
+    const float32x4_t b0 = vld1q_f32(b + k * NR), b1 = vld1q_f32(b + k * NR + 4);
+    for (int q = 0; q < MR / 4; ++q) {  // rows 4q .. 4q + 3
+      const float32x4_t aq = vld1q_f32(a + k * MR + 4 * q);
+      for (int l = 0; l < 4; ++l) {
+        acc[4 * q + l][0] += b0 * aq[l];
+        acc[4 * q + l][1] += b1 * aq[l];
+      }
+    }
+  }
+  if (h == MR && w == NR) {
+    for (int r = 0; r < MR; ++r) {
+      float* c = C + (size_t)r * ldc;
+      vst1q_f32(c, vaddq_f32(vld1q_f32(c), acc[r][0]));
+      vst1q_f32(c + 4, vaddq_f32(vld1q_f32(c + 4), acc[r][1]));
+    }
+    return;
+  }
+  float t[MR][NR];
+  for (int r = 0; r < MR; ++r) vst1q_f32(t[r], acc[r][0]), vst1q_f32(t[r] + 4, acc[r][1]);
+  add_tile<MR, NR>(t, C, ldc, h, w);
+}
+#endif
+
 struct Kernel {
   int MR, NR;
   TileKernel tile;
@@ -115,6 +154,9 @@ Kernel kernel_for(GemmKernel k) {
 #ifdef GEMM_X86
     case GemmKernel::avx512: return {kAvx512MR, kAvx512NR, tile_avx512};
     case GemmKernel::avx2: return {kAvx2MR, kAvx2NR, tile_avx2};
+#endif
+#ifdef GEMM_NEON
+    case GemmKernel::neon: return {kNeonMR, kNeonNR, tile_neon};
 #endif
     case GemmKernel::generic: return {kGenericMR, kGenericNR, tile_generic};
     default: throw std::invalid_argument(std::string("gemm: the ") + gemm_kernel_name(k) + " kernel is not built for this CPU");
@@ -161,6 +203,7 @@ const char* gemm_kernel_name(GemmKernel k) {
     case GemmKernel::automatic: return "automatic";
     case GemmKernel::avx512: return "avx512";
     case GemmKernel::avx2: return "avx2";
+    case GemmKernel::neon: return "neon";
     case GemmKernel::generic: return "generic";
   }
   return "?";
@@ -172,6 +215,9 @@ bool gemm_kernel_supported(GemmKernel k) {
     case GemmKernel::avx512: return __builtin_cpu_supports("avx512f");
     case GemmKernel::avx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #endif
+#ifdef GEMM_NEON
+    case GemmKernel::neon: return true;  // AArch64's Advanced SIMD is part of the architecture: every such CPU has it
+#endif
     case GemmKernel::automatic:
     case GemmKernel::generic: return true;
     default: return false;
@@ -181,6 +227,7 @@ bool gemm_kernel_supported(GemmKernel k) {
 GemmKernel gemm_best_kernel() {
   static const GemmKernel best = gemm_kernel_supported(GemmKernel::avx512) ? GemmKernel::avx512
                                  : gemm_kernel_supported(GemmKernel::avx2) ? GemmKernel::avx2
+                                 : gemm_kernel_supported(GemmKernel::neon) ? GemmKernel::neon
                                                                           : GemmKernel::generic;
   return best;
 }
@@ -242,7 +289,13 @@ void gemm_with(GemmKernel which, bool ta, bool tb, int M, int N, int K, const fl
 // of every NR), with panels K NR apart instead of kc NR.
 PackedOperands::PackedOperands(const std::vector<GemmOperand>& operands, GemmKernel k)
     : kernel_(k == GemmKernel::automatic ? gemm_best_kernel() : k), previous_(active_packing) {
-  static_assert(NC % kAvx512NR == 0 && NC % kAvx2NR == 0 && NC % kGenericNR == 0, "a block must hold whole panels");
+#ifdef GEMM_X86
+  static_assert(NC % kAvx512NR == 0 && NC % kAvx2NR == 0, "a block must hold whole panels");
+#endif
+#ifdef GEMM_NEON
+  static_assert(NC % kNeonNR == 0, "a block must hold whole panels");
+#endif
+  static_assert(NC % kGenericNR == 0, "a block must hold whole panels");
   const int NR = kernel_for(kernel_).NR;
   for (const GemmOperand& op : operands) {
     if (find(kernel_, op)) continue;  // listed twice, or held by an enclosing one

@@ -845,11 +845,18 @@ void measure_memory(Run& r) {
   }
   struct rusage usage;
   getrusage(RUSAGE_SELF, &usage);
+#ifdef __APPLE__
+  const double peak_mb = usage.ru_maxrss / 1048576.0;  // bytes on macOS
+#else
+  const double peak_mb = usage.ru_maxrss / 1024.0;  // kilobytes on Linux
+#endif
+  // on the CPU, the matrix product's kernel (gemm.h): the instruction set it runs
+  const std::string products = o.device == "cuda" ? " (" + gpu_name() + ", " + o.precision + " products)"
+                                                  : std::string(" (") + cpu::gemm_kernel_name(cpu::gemm_best_kernel()) + " products)";
   std::printf("model: N=%d D=%d F=%d H=%d V=%d, %s, %.2fM parameters, dropout %.2f, label smoothing %.2f, device %s%s; "
               "peak %smemory %.0f MB (a step on the largest batch)\n",
               cfg.N, cfg.D, cfg.F, cfg.H, cfg.V, cfg.pre_ln ? "pre-LN" : "post-LN", m.params.size() / 1e6, cfg.p_drop, cfg.eps_ls,
-              o.device.c_str(), o.device == "cuda" ? (" (" + gpu_name() + ", " + o.precision + " products)").c_str() : "",
-              o.device == "cuda" ? "host " : "", usage.ru_maxrss / 1024.0);
+              o.device.c_str(), products.c_str(), o.device == "cuda" ? "host " : "", peak_mb);
 }
 
 // the log: rows of an interrupted run before the resume point are kept

@@ -372,7 +372,7 @@ void gemm(bool ta, bool tb, int M, int N, int K, const T* A, int lda, const T* B
 template <>
 void gemm<float>(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C,
                  int ldc, bool accumulate);
-enum class GemmKernel { automatic, avx512, avx2, generic };
+enum class GemmKernel { automatic, avx512, avx2, neon, generic };
 const char* gemm_kernel_name(GemmKernel k);
 bool gemm_kernel_supported(GemmKernel k);  // this build has the kernel and this CPU runs it
 GemmKernel gemm_best_kernel();             // what automatic chooses

@@ -5,7 +5,13 @@
 # `make data`, with one line saying so. The outside references (PyTorch, sacreBLEU) are in test/golden.
 # ctest runs each test in this directory (test/), so paths are relative to it (CTest script mode does
 # not define CMAKE_CURRENT_LIST_DIR).
-set(BIN "../build/test")
+# The test programs: the Makefile's build/test, or the folder $TEST_BIN names (test/aarch64.sh's, whose
+# programs start build-aarch64's under qemu-aarch64)
+if(DEFINED ENV{TEST_BIN})
+  set(BIN "$ENV{TEST_BIN}")
+else()
+  set(BIN "../build/test")
+endif()
 set(ROOT "..")
 add_test(gradcheck "${BIN}/gradcheck")
 add_test(gemm "${BIN}/gemm")

@@ -1,5 +1,5 @@
 // gemm: the fast float product (gemm.h) against the reference cpu::gemm<double> on the same inputs, for
-// every kernel this CPU runs (AVX-512, AVX2, generic), all four transpositions, with and without
+// every kernel this CPU runs (AVX-512, AVX2, NEON, generic), all four transpositions, with and without
 // accumulation, padded leading dimensions, and shapes that leave partial tiles and blocks on every side.
 // Error measure: |fast - reference| / sum_k |a_ik b_kj|, within (K + 2) 2^-24 (the bound of a float sum
 // of K products). With op(B) packed beforehand (cpu::PackedOperands), the result must be the same bit for
@@ -76,7 +76,7 @@ static void check_packed(Checker& chk, GemmKernel k, bool ta, bool tb, int M, in
       chk.expect(copy == nullptr, "%s: an empty operand was packed", what);
     else if (!chk.expect(copy != nullptr, "%s: the operand is not found", what))
       return;
-    for (GemmKernel other : {GemmKernel::avx512, GemmKernel::avx2, GemmKernel::generic})
+    for (GemmKernel other : {GemmKernel::avx512, GemmKernel::avx2, GemmKernel::neon, GemmKernel::generic})
       if (other != k) chk.expect(packs.find(other, op) == nullptr, "%s: found for the %s kernel too", what, cpu::gemm_kernel_name(other));
     chk.expect(packs.find(k, {tb, N, K, B.data(), ldb + 1}) == nullptr, "%s: found with another ldb", what);
     if (corrupt && copy) copy[0] += 1.0f;
@@ -90,7 +90,7 @@ static void check_packed(Checker& chk, GemmKernel k, bool ta, bool tb, int M, in
 int main() {
   Checker chk("gemm");
   std::vector<GemmKernel> kernels;
-  for (GemmKernel k : {GemmKernel::avx512, GemmKernel::avx2, GemmKernel::generic})
+  for (GemmKernel k : {GemmKernel::avx512, GemmKernel::avx2, GemmKernel::neon, GemmKernel::generic})
     if (cpu::gemm_kernel_supported(k)) kernels.push_back(k);
   std::printf("gemm: kernels run: ");
   for (GemmKernel k : kernels) std::printf("%s ", cpu::gemm_kernel_name(k));

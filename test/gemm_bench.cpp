@@ -7,7 +7,9 @@
 // The peak is a loop of independent fused multiply-adds on registers only (no memory traffic), on one
 // thread and on every thread; a product's figure is the best of N repetitions (default 20, fewer past a second).
 #include <dlfcn.h>
+#ifdef _OPENMP
 #include <omp.h>
+#endif
 
 #include <chrono>
 #include <cstdio>
@@ -19,6 +21,9 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#endif
+#if defined(__aarch64__)
+#include <arm_neon.h>
 #endif
 
 using cpu::GemmKernel;
@@ -57,6 +62,28 @@ __attribute__((target("avx2,fma"))) static float fma_loop_avx2(long n, float see
   return t[0] + t[7];
 }
 #endif
+#if defined(__aarch64__)
+static float fma_loop_neon(long n, float seed) {
+  float32x4_t acc[kChains], x = vdupq_n_f32(0.999f), y = vdupq_n_f32(1e-3f);
+  for (int i = 0; i < kChains; ++i) acc[i] = vdupq_n_f32(seed + i);
+  for (long k = 0; k < n; ++k) {
+#pragma GCC unroll 16
+    for (int i = 0; i < kChains; ++i) acc[i] = vfmaq_f32(acc[i], x, y);
+    __asm__ volatile("" : "+w"(x), "+w"(y));
+  }
+  float32x4_t s = acc[0];
+  for (int i = 1; i < kChains; ++i) s = vaddq_f32(s, acc[i]);
+  return vgetq_lane_f32(s, 0) + vgetq_lane_f32(s, 3);
+}
+#endif
+
+#ifdef _OPENMP
+static int thread_number() { return omp_get_thread_num(); }
+static int max_threads() { return omp_get_max_threads(); }
+#else  // a build without OpenMP (make OPENMP=0, or a compiler without it): one thread
+static int thread_number() { return 0; }
+static int max_threads() { return 1; }
+#endif
 
 // GFLOP/s of the peak loop with `lanes`-wide vectors on `threads` threads: the best of 200 short runs (0.3 ms each) (on a
 // shared machine the best is the one least disturbed).
@@ -67,7 +94,7 @@ static double peak(float (*loop)(long, float), int lanes, int threads) {
     float sink = 0;
     const double t0 = now();
 #pragma omp parallel num_threads(threads) reduction(+ : sink)
-    sink += loop(n, 1.0f + omp_get_thread_num());
+    sink += loop(n, 1.0f + thread_number());
     const double s = now() - t0;
     if (sink == 12345.0f) std::printf(" ");  // keeps the loop's result alive
     best = std::max(best, 2.0 * kChains * lanes * n * threads / s / 1e9);
@@ -88,7 +115,7 @@ int main(int argc, char** argv) {
   int reps = 20;
   for (int i = 1; i + 1 < argc; i += 2)
     if (std::string(argv[i]) == "--reps") reps = std::atoi(argv[i + 1]);
-  const int threads = omp_get_max_threads();
+  const int threads = max_threads();
   double peak_all = 0;
 #if defined(__x86_64__) || defined(__i386__)
   if (cpu::gemm_kernel_supported(GemmKernel::avx512)) {
@@ -99,6 +126,13 @@ int main(int argc, char** argv) {
   if (cpu::gemm_kernel_supported(GemmKernel::avx2)) {
     const double p1 = peak(fma_loop_avx2, 8, 1), pn = peak(fma_loop_avx2, 8, threads);
     std::printf("PEAK isa=avx2 threads=1 gflops=%.1f\nPEAK isa=avx2 threads=%d gflops=%.1f\n", p1, threads, pn);
+    peak_all = std::max(peak_all, pn);
+  }
+#endif
+#if defined(__aarch64__)
+  if (cpu::gemm_kernel_supported(GemmKernel::neon)) {
+    const double p1 = peak(fma_loop_neon, 4, 1), pn = peak(fma_loop_neon, 4, threads);
+    std::printf("PEAK isa=neon threads=1 gflops=%.1f\nPEAK isa=neon threads=%d gflops=%.1f\n", p1, threads, pn);
     peak_all = std::max(peak_all, pn);
   }
 #endif
@@ -117,7 +151,7 @@ int main(int argc, char** argv) {
       {"decode: output projection, 32 rows", false, true, 32, 8000, 256},
   };
   std::vector<GemmKernel> kernels;
-  for (GemmKernel k : {GemmKernel::avx512, GemmKernel::avx2, GemmKernel::generic})
+  for (GemmKernel k : {GemmKernel::avx512, GemmKernel::avx2, GemmKernel::neon, GemmKernel::generic})
     if (cpu::gemm_kernel_supported(k)) kernels.push_back(k);
   for (const Shape& s : shapes) {
     const int lda = s.ta ? s.M : s.K, ldb = s.tb ? s.K : s.N;
