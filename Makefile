@@ -282,7 +282,8 @@ emu: $(EMU_TESTS)
 TEST_JOBS ?= $(shell getconf _NPROCESSORS_ONLN)
 # The quick suite's programs: the CPU tests, and the emulated GPU's parity test and course grader from
 # build/grade's objects (one emulated build, optimised; `make check` adds build/emu's sanitized one).
-QUICK_PROGRAMS := $(PROGRAMS) $(TESTS) $(GRADE_BUILD)/course/grade $(GRADE_BUILD)/test/parity_gpu
+GRADE_QUICK    := $(GRADE_BUILD)/course/grade $(GRADE_BUILD)/test/parity_gpu
+QUICK_PROGRAMS := $(PROGRAMS) $(TESTS) $(GRADE_QUICK)
 tests: $(QUICK_PROGRAMS)
 test: tests
 	OMP_WAIT_POLICY=passive ctest --test-dir test --output-on-failure -j$(TEST_JOBS) -L quick $(CTEST_ARGS)
