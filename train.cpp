@@ -764,8 +764,9 @@ bool is_there(const std::string& p) {  // a file, a folder or a link (dangling t
   return lstat(p.c_str(), &st) == 0;
 }
 
-// What a run left in DIR that a new run would replace ("" when nothing): its vocabulary, model.bin, the
-// checkpoints and the log.
+// What a run left in DIR that a new run would replace ("" when nothing): model.bin, the checkpoints and the
+// log, then its vocabulary. A vocabulary alone is no run (one may be put there for --vocab, or a run
+// stopped before its first checkpoint): start_run_folder keeps it when it is the new run's, else refuses.
 std::string run_contents(const std::string& dir) {
   std::string found;
   auto add = [&](bool there, const std::string& what) {
@@ -775,7 +776,7 @@ std::string run_contents(const std::string& dir) {
   add(is_there(dir + "/model.bin"), "model.bin");
   add(checkpoints > 0, std::to_string(checkpoints) + " checkpoint" + (checkpoints == 1 ? "" : "s"));
   add(is_file(dir + "/log.csv"), "log.csv");
-  add(is_file(dir + "/vocab.bpe"), "vocab.bpe");
+  add(!found.empty() && is_file(dir + "/vocab.bpe"), "vocab.bpe");
   return found;
 }
 
@@ -837,12 +838,23 @@ void print_pieces(const Tokenizer& tok) {
   }
 }
 
-// Every check passed: a new run's folder gets its vocabulary (and the recipe's decoding defaults), after
-// --overwrite has deleted what the run before left there; a resumed run's folder keeps its own.
+// Every check passed (this one the last): a new run's folder gets its vocabulary (and the recipe's decoding
+// defaults), after --overwrite has deleted what the run before left there; a vocabulary already there is
+// kept when it is this run's and refused otherwise; a resumed run's folder keeps its own.
 void start_run_folder(const Run& r) {
   const Options& o = r.o;
   if (r.ranks.rank != 0 || o.resume) return;
   const std::string contents = run_contents(o.out);
+  bool same_vocabulary = false;
+  if (contents.empty() && is_file(r.vocab_path())) {
+    try {
+      same_vocabulary = Tokenizer::load(r.vocab_path()).hash() == r.tok.hash();
+    } catch (const std::runtime_error&) {  // not a vocabulary this program reads: another
+    }
+    if (!same_vocabulary && !o.overwrite)
+      fail("--out " + o.out + " holds another vocabulary than this run's (" + r.vocab_path() + "): --overwrite replaces it, "
+           "or choose another --out");
+  }
   if (!contents.empty()) {  // (--overwrite: make_run_folder refused it otherwise)
     for (const std::string& p : list_checkpoints(o.out)) std::remove(p.c_str());
     for (const char* name : {"model.bin", "averaged.bin", "log.csv", "curves.svg", "decoding.txt", "vocab.bpe"})
@@ -850,7 +862,7 @@ void start_run_folder(const Run& r) {
     std::printf("--overwrite: deleted the run in %s (%s)\n", o.out.c_str(), contents.c_str());
   }
   try {
-    r.tok.save(r.vocab_path());  // the run folder holds its vocabulary
+    if (!same_vocabulary) r.tok.save(r.vocab_path());  // the run folder holds its vocabulary
     if (preset_name(o, r.corpus.numbers) == "multi30k")  // and ./translate's beam and alpha
       save_decoding_defaults(o.out + "/decoding.txt", recipe_decoding(),
                              "the multi30k recipe's beam and length penalty, chosen on Multi30k's validation set (NOTES.md)");

@@ -12,7 +12,7 @@
 #   7. --checkpoint-every epoch writes one checkpoint an epoch; --patience stops on a validation loss
 #      that no longer falls, and counts on across a resume;
 #   8. --config multi30k's recipe; 9. --batches-out;
-#  10. the run folder is the user's data: a new run into one that holds a run, --resume with another
+#  10. the run folder is the user's data: a new run into one that holds a run (or another vocabulary), --resume with another
 #      vocabulary, --merges or --batch-tokens are refused and leave it byte for byte; --overwrite starts over;
 #      a second ./train on it meets the first's lock; --average and --keep take only this run's checkpoints;
 #      SIGTERM, and a quick second signal, still write the checkpoint; a byte-order mark is not text.
@@ -202,6 +202,12 @@ expect_error "--merges and --vocab" "--merges learns a vocabulary, --vocab gives
 expect_error "--src with the built-in corpus" "--src and --tgt choose a corpus folder's languages; the built-in corpus is English -> German" \
   "$train" --data numbers --src fr --out srcfr
 expect_error "--lr-scale 0 states the range" "--lr-scale needs a number in \[1e-09, 1e+09\], got '0'" "$train" --lr-scale 0
+mkdir -p vocabonly vocabother && cp short/vocab.bpe vocabonly/ && cp othervocab/vocab.bpe vocabother/
+"$train" "${common[@]}" --max-steps 1 --out vocabonly > /dev/null 2>&1
+check "a folder holding only the run's vocabulary (put there for --vocab) takes the run" test -L vocabonly/model.bin
+expect_error "a folder holding another vocabulary" "--out vocabother holds another vocabulary than this run's (vocabother/vocab.bpe): --overwrite" \
+  "$train" "${common[@]}" --max-steps 1 --out vocabother
+check "and keeps it" cmp -s vocabother/vocab.bpe othervocab/vocab.bpe
 cp -r straight over
 "$train" "${common[@]}" --seed 5 --max-steps 3 --out over --overwrite > over.log 2>&1
 check "--overwrite starts over: the run before deleted, the new one's checkpoint alone ($(ls over | grep ckpt | tr '\n' ' '))" \
