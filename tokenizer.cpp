@@ -15,6 +15,7 @@
 #include <queue>
 #include <set>
 #include <sstream>
+#include <sys/stat.h>
 #include <unistd.h>  // fsync
 
 namespace {
@@ -149,26 +150,42 @@ void append_valid_utf8(std::string& out, const std::string& bytes) {
 
 }  // namespace
 
-std::vector<std::string> read_lines(std::istream& in) {
-  std::vector<std::string> lines;
-  std::string line;
-  while (std::getline(in, line)) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    lines.push_back(std::move(line));
+bool LineReader::next(std::string& line) {
+  line.clear();
+  std::streambuf* in = in_.rdbuf();
+  int c = in->sbumpc();
+  if (c == EOF) return false;
+  ++number_;
+  for (; c != EOF && c != '\n'; c = in->sbumpc()) {
+    if (line.size() == kMaxLineBytes)
+      throw std::runtime_error(name_ + ":" + std::to_string(number_) + ": a line of more than " + std::to_string(kMaxLineBytes) +
+                               " bytes (the limit): not a text of sentences");
+    line += (char)c;
   }
+  if (number_ == 1 && line.compare(0, 3, "\xEF\xBB\xBF") == 0) line.erase(0, 3);  // the byte-order mark
+  if (!line.empty() && line.back() == '\r') line.pop_back();
+  return true;
+}
+
+std::vector<std::string> read_lines(std::istream& in, const std::string& name) {
+  std::vector<std::string> lines;
+  LineReader reader(in, name);
+  for (std::string line; reader.next(line);) lines.push_back(std::move(line));
   return lines;
 }
 
+void open_for_reading(std::ifstream& file, const std::string& path) {
+  struct stat st;
+  const bool dir = stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);  // which std::ifstream opens, then reads as empty
+  if (!dir) file.open(path, std::ios::binary);
+  if (dir || !file) throw std::runtime_error("cannot read " + path + ": " + std::strerror(dir ? EISDIR : errno));
+}
+
 std::vector<std::string> read_text_lines(const std::string& path) {
+  if (path == "-") return read_lines(std::cin);
   std::ifstream file;
-  if (path != "-") {
-    file.open(path, std::ios::binary);
-    if (!file) throw std::runtime_error("cannot read " + path + ": " + std::strerror(errno));
-  }
-  std::istream& in = path == "-" ? std::cin : file;
-  std::vector<std::string> lines = read_lines(in);
-  if (in.bad()) throw std::runtime_error("error reading " + path);
-  return lines;
+  open_for_reading(file, path);
+  return read_lines(file, path);
 }
 
 std::vector<std::vector<int>> encode_lines(const Tokenizer& tok, const std::vector<std::string>& lines, const std::string& name,
@@ -507,9 +524,14 @@ void Tokenizer::save(const std::string& path) const {
 }
 
 Tokenizer Tokenizer::load(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw std::runtime_error("cannot read vocabulary " + path);
-  int line_no = 0;
+  std::ifstream f;
+  open_for_reading(f, path);
+  // The version line first, and no more of the file than it: a wrong file (a checkpoint, /dev/zero) is
+  // refused without reading it whole.
+  std::string head(std::strlen(kVersionLine) + 1, '\0');
+  if (!f.read(&head[0], (std::streamsize)head.size()) || head != kVersionLine + std::string("\n"))
+    throw std::runtime_error(path + ":1: not a BPE vocabulary of this version (expected '" + std::string(kVersionLine) + "')");
+  int line_no = 1;
   std::string line;
   auto next = [&]() -> std::string& {
     if (!std::getline(f, line)) throw std::runtime_error(path + ": truncated after line " + std::to_string(line_no));
@@ -517,7 +539,6 @@ Tokenizer Tokenizer::load(const std::string& path) {
     return line;
   };
   auto bad = [&](const std::string& what) { return std::runtime_error(path + ":" + std::to_string(line_no) + ": " + what); };
-  if (next() != kVersionLine) throw bad("not a BPE vocabulary of this version (expected '" + std::string(kVersionLine) + "')");
   unsigned long long stored = 0;
   if (std::sscanf(next().c_str(), "hash %llx", &stored) != 1) throw bad("expected 'hash HEX'");
   long n_merges = -1, n_vocab = -1;

@@ -12,6 +12,7 @@
 //                  UTF-8 bytes (<0x00>..<0xFF> are always in the vocabulary): nothing becomes <unk>.
 #pragma once
 #include <cstdint>
+#include <fstream>
 #include <istream>
 #include <stdexcept>
 #include <string>
@@ -19,10 +20,28 @@
 #include <utility>
 #include <vector>
 
-// The lines of a text file (a trailing "\r" is dropped; the last line may lack "\n"); "-" reads stdin.
-// Throws std::runtime_error naming the file when it cannot be read.
+// Text input, one line at a time: a trailing "\r" is dropped, the last line may lack "\n", and a UTF-8
+// byte-order mark at the start (Windows editors write one) is skipped. A line of more than kMaxLineBytes
+// throws std::runtime_error "NAME:LINE: ...": no sentence is that long, and a file without newlines
+// (/dev/zero, a binary file) would otherwise be read whole into one line.
+class LineReader {
+ public:
+  static constexpr size_t kMaxLineBytes = 1 << 20;
+  LineReader(std::istream& in, std::string name) : in_(in), name_(std::move(name)) {}
+  bool next(std::string& line);               // false at the end of the input
+  size_t line_number() const { return number_; }  // of the line next() gave last, from 1
+ private:
+  std::istream& in_;
+  std::string name_;
+  size_t number_ = 0;
+};
+
+// Opens PATH for reading; throws std::runtime_error "cannot read PATH: REASON" (a directory included).
+void open_for_reading(std::ifstream& file, const std::string& path);
+// The lines of a text file, as LineReader reads them; "-" reads stdin. Throws std::runtime_error naming
+// the file when it cannot be read.
 std::vector<std::string> read_text_lines(const std::string& path);
-std::vector<std::string> read_lines(std::istream& in);  // the same, from a stream
+std::vector<std::string> read_lines(std::istream& in, const std::string& name = "stdin");  // the same, from a stream
 
 // Writes `bytes` to PATH atomically: a temporary file beside it, flushed and synced, then renamed over
 // PATH, so a reader (or a crash) sees the old file or the new one, never half of one. Throws

@@ -12,11 +12,15 @@
 #include <cstdlib>
 #include <cstring>
 #include <dirent.h>
+#include <fcntl.h>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <numeric>
+#include <random>
+#include <set>
 #include <string>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -43,7 +47,7 @@ struct Options {
   double time_limit = -1;    // seconds; -1: none (Multi30k), 175 (number corpus)
   std::string device;  // "": cuda when a GPU is present, else cpu
   uint64_t seed = 1;
-  bool resume = false, bpe_only = false, quiet = false;
+  bool resume = false, overwrite = false, bpe_only = false, quiet = false;
   std::string precision;  // "": default_precision() on the GPU
   double checkpoint_minutes = -1;  // 10; 0: one checkpoint at the end of every epoch (--checkpoint-every epoch)
   int patience = -1;               // validations without a better validation loss before stopping; 0: never
@@ -56,6 +60,7 @@ struct Options {
   double collective_timeout = 600;  // seconds a rank waits for the others in an all-reduce
   long check_every = 100;           // steps between checks that every rank holds the same parameters
   std::string batches_out;          // write the batches trained on here (a peer replays them: make bench)
+  std::set<std::string> given;      // the options on the command line (the others are defaults)
 };
 
 int g_rank = 0;  // this process's rank (data parallelism): rank 0 alone prints
@@ -99,7 +104,10 @@ void usage() {
       "  --seed N               initialisation, dropout and batch order (default 1)\n"
       "  --out DIR              run folder: vocab.bpe, ckpt-*.bin, model.bin, log.csv, curves.svg\n"
       "                         (default runs/multi30k-SRC-TGT or runs/numbers)\n"
-      "  --resume               continue from DIR/model.bin (same options as the first run)\n"
+      "  --resume               continue from DIR/model.bin (same options as the first run; the vocabulary,\n"
+      "                         --batch-tokens and --merges are the run's)\n"
+      "  --overwrite            start a new run in a DIR that holds one, deleting its checkpoints, log and\n"
+      "                         vocabulary (without --resume or --overwrite, such a DIR is refused)\n"
       "  --checkpoint-every M|epoch  minutes between checkpoints, or one at the end of every epoch (default\n"
       "                         10 minutes; epoch for multi30k; one is also written at the end)\n"
       "  --patience N           stop when N validations in a row bring no lower validation loss (default off;\n"
@@ -133,7 +141,11 @@ long to_long(const std::string& flag, const std::string& v, long lo, long hi) {
 double to_double(const std::string& flag, const std::string& v, double lo, double hi) {
   char* end = nullptr;
   double x = std::strtod(v.c_str(), &end);
-  if (v.empty() || *end || !(x >= lo && x <= hi)) fail(flag + " needs a number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got '" + v + "'");
+  if (v.empty() || *end || !(x >= lo && x <= hi)) {
+    char range[64];
+    std::snprintf(range, sizeof range, "[%g, %g]", lo, hi);
+    fail(flag + " needs a number in " + range + ", got '" + v + "'");
+  }
   return x;
 }
 
@@ -156,6 +168,7 @@ Options parse(int argc, char** argv) {
       if (i + 1 >= argc) fail(a + " needs a value (see --help)");
       return argv[++i];
     };
+    o.given.insert(a);
     if (a == "-h" || a == "--help") usage(), std::exit(0);
     else if (a == "--data") o.data = value();
     else if (a == "--src") o.src = value();
@@ -175,6 +188,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--seed") o.seed = (uint64_t)to_long(a, value(), 0, LONG_MAX);
     else if (a == "--out") o.out = value();
     else if (a == "--resume") o.resume = true;
+    else if (a == "--overwrite") o.overwrite = true;
     else if (a == "--checkpoint-every") {
       const std::string v = value();
       o.checkpoint_minutes = v == "epoch" ? 0 : to_double(a, v, 0.001, 1e6);
@@ -193,6 +207,8 @@ Options parse(int argc, char** argv) {
     else fail("unknown option '" + a + "' (see --help)");
   }
   if (!o.device.empty() && o.device != "cpu" && o.device != "cuda") fail("--device must be cpu or cuda, got '" + o.device + "'");
+  if (o.resume && o.overwrite) fail("--resume continues the run in --out, --overwrite starts a new one there: give one of them");
+  if (o.given.count("--merges") && !o.vocab.empty()) fail("--merges learns a vocabulary, --vocab gives one: give one of them");
   return o;
 }
 
@@ -271,6 +287,9 @@ Corpus load_corpus(const Options& o) {
   std::string dir = o.data;
   if (dir.empty()) dir = is_file("data/multi30k/train." + o.src) ? "data/multi30k" : "numbers";
   if (dir == "numbers") {
+    if (o.given.count("--src") || o.given.count("--tgt"))
+      fail(std::string("--src and --tgt choose a corpus folder's languages; the built-in corpus is English -> German") +
+           (o.data.empty() ? " (data/multi30k/train." + o.src + " is missing: `make data`, or give --data DIR)" : ""));
     c.numbers = true;
     NumberCorpus n = number_corpus(kNumberCorpusSeed, 30000, 500, 500);
     for (auto [split, pairs] : {std::pair{&c.train, &n.train}, std::pair{&c.val, &n.val}, std::pair{&c.test, &n.test}}) {
@@ -572,6 +591,19 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
   return names;
 }
 
+// The checkpoints of run `run` in DIR, oldest first: those whose header names its id. Another run's, copied
+// in, are neither pruned nor averaged; a file that cannot be read is not known to be this run's.
+std::vector<std::string> run_checkpoints(const std::string& dir, uint64_t run) {
+  std::vector<std::string> mine;
+  for (const std::string& path : list_checkpoints(dir)) {
+    try {
+      if (checkpoint_meta(path).train.run == run) mine.push_back(path);
+    } catch (const std::runtime_error&) {
+    }
+  }
+  return mine;
+}
+
 bool all_finite(const std::vector<float>& v) {
   for (float x : v)
     if (!std::isfinite(x)) return false;
@@ -599,9 +631,9 @@ std::string save_checkpoint(const std::string& dir, Transformer<float>& m, uint6
   std::remove(tmp.c_str());
   if (symlink(name, tmp.c_str()) != 0 || std::rename(tmp.c_str(), link.c_str()) != 0)
     fail("cannot update " + link + ": " + std::strerror(errno));
-  // The oldest beyond `keep` go, never the one model.bin now names: after a resume from an earlier
+  // This run's oldest beyond `keep` go, never the one model.bin now names: after a resume from an earlier
   // checkpoint, newer names left by the killed run may sort after it.
-  std::vector<std::string> all = list_checkpoints(dir);
+  std::vector<std::string> all = run_checkpoints(dir, st.run);
   for (size_t i = 0; i + keep < all.size(); ++i)
     if (all[i] != path) std::remove(all[i].c_str());
   if (DIR* d = opendir(dir.c_str())) {  // what a write killed half-way left: ckpt-*.bin.tmp
@@ -614,10 +646,20 @@ std::string save_checkpoint(const std::string& dir, Transformer<float>& m, uint6
   return path;
 }
 
-volatile std::sig_atomic_t interrupted = 0;
-void on_interrupt(int) {
-  interrupted = 1;
-  std::signal(SIGINT, SIG_DFL);  // a second Ctrl-C stops at once
+// SIGINT (Ctrl-C) and SIGTERM (what `kill`, a batch scheduler such as SLURM, or `docker stop` sends) stop
+// training at the end of the step, with a checkpoint. Signals after the first wait for that checkpoint
+// (a quick second Ctrl-C once cost it); SIGQUIT (Ctrl-\) and SIGKILL still end the process at once.
+volatile std::sig_atomic_t interrupted = 0;  // the first signal's number
+void on_interrupt(int sig) {
+  if (!interrupted) interrupted = sig;
+}
+void stop_on_signals(const Ranks& ranks) {
+  struct sigaction sa = {};
+  sa.sa_handler = on_interrupt;
+  sa.sa_flags = SA_RESTART;  // a checkpoint's write goes on
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  if (ranks.size == 1) sigaction(SIGTERM, &sa, nullptr);  // under mpirun, SIGTERM is the launcher ending every rank (parallel.h)
 }
 
 std::string clock_text(double s) {
@@ -699,23 +741,78 @@ void configure(Run& r) {
                                    " ranks is more than 32768 batches a step");
 }
 
-void make_run_folder(const Run& r) {
-  const Options& o = r.o;
-  if (!o.bpe_only && r.ranks.rank == 0) {
-    for (size_t at = 0; at != std::string::npos;) {  // mkdir -p
-      at = o.out.find('/', at + 1);
-      mkdir(o.out.substr(0, at).c_str(), 0777);
-    }
-    if (!is_dir(o.out) || access(o.out.c_str(), W_OK) != 0) fail("cannot write to --out " + o.out + ": " + std::strerror(errno));
+// One process per run folder: an exclusive flock on DIR/.lock, held until the process ends (the kernel
+// releases it when the process dies, SIGKILL included). The file holds the holder's process id, which a
+// second ./train names.
+void lock_run_folder(const std::string& dir) {
+  const std::string path = dir + "/.lock";
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  if (fd < 0) fail("cannot write to --out " + dir + ": " + path + ": " + std::strerror(errno));
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    char pid[32];
+    const ssize_t n = pread(fd, pid, sizeof pid, 0);
+    fail("--out " + dir + " is in use by another ./train (process " + (n > 0 ? std::string(pid, n) : std::string("id unknown")) +
+         "): one run per folder; wait for it to end, or choose another --out");
   }
+  const std::string me = std::to_string(getpid());
+  if (ftruncate(fd, 0) != 0 || pwrite(fd, me.data(), me.size(), 0) != (ssize_t)me.size())
+    fail("cannot write " + path + ": " + std::strerror(errno));
+}  // (fd stays open: the lock lasts as long as the process)
+
+bool is_there(const std::string& p) {  // a file, a folder or a link (dangling too)
+  struct stat st;
+  return lstat(p.c_str(), &st) == 0;
 }
 
-// the vocabulary: given, kept from the run being resumed, or learned on the training text (§5.1)
+// What a run left in DIR that a new run would replace ("" when nothing): model.bin, the checkpoints and the
+// log, then its vocabulary. A vocabulary alone is no run (one may be put there for --vocab, or a run
+// stopped before its first checkpoint): start_run_folder keeps it when it is the new run's, else refuses.
+std::string run_contents(const std::string& dir) {
+  std::string found;
+  auto add = [&](bool there, const std::string& what) {
+    if (there) found += (found.empty() ? "" : ", ") + what;
+  };
+  const size_t checkpoints = list_checkpoints(dir).size();
+  add(is_there(dir + "/model.bin"), "model.bin");
+  add(checkpoints > 0, std::to_string(checkpoints) + " checkpoint" + (checkpoints == 1 ? "" : "s"));
+  add(is_file(dir + "/log.csv"), "log.csv");
+  add(!found.empty() && is_file(dir + "/vocab.bpe"), "vocab.bpe");
+  return found;
+}
+
+// The run folder, made and locked; a run in it is continued (--resume), replaced (--overwrite) or refused.
+// Nothing in it is written until every check of the run has passed (start_run_folder).
+void make_run_folder(const Run& r) {
+  const Options& o = r.o;
+  if (o.bpe_only || r.ranks.rank != 0) return;
+  if (o.resume && !is_dir(o.out)) fail("--resume: --out " + o.out + " holds no run to resume (no such folder): leave out --resume to start one");
+  for (size_t at = 0; at != std::string::npos;) {  // mkdir -p
+    at = o.out.find('/', at + 1);
+    mkdir(o.out.substr(0, at).c_str(), 0777);
+  }
+  if (!is_dir(o.out) || access(o.out.c_str(), W_OK) != 0) fail("cannot write to --out " + o.out + ": " + std::strerror(errno));
+  lock_run_folder(o.out);
+  const std::string contents = run_contents(o.out);
+  if (o.resume && !is_there(o.out + "/model.bin"))
+    fail("--resume: --out " + o.out + " holds no checkpoint to resume from" +
+         (contents.empty() ? ": leave out --resume to start a run" : " (" + contents + "): --overwrite starts the run over"));
+  if (!o.resume && !o.overwrite && !contents.empty())
+    fail("--out " + o.out + " holds a run (" + contents + "): --resume continues it, --overwrite starts a new one in its place "
+         "(deleting those), or choose another --out");
+}
+
+// the vocabulary: the run's when resuming (--vocab may only name the same), given, or learned on the
+// training text (§5.1)
 Tokenizer vocabulary(const Run& r) {
   const Options& o = r.o;
   try {
+    if (o.resume) {
+      Tokenizer run = Tokenizer::load(r.vocab_path());
+      if (!o.vocab.empty() && Tokenizer::load(o.vocab).hash() != run.hash())
+        fail("--resume: --vocab " + o.vocab + " is not the run's vocabulary (" + r.vocab_path() + "), which a resume keeps: leave --vocab out");
+      return run;
+    }
     if (!o.vocab.empty()) return Tokenizer::load(o.vocab);
-    if (o.resume) return Tokenizer::load(r.vocab_path());
     auto t0 = std::chrono::steady_clock::now();
     std::vector<std::string> text = r.corpus.train.src;
     text.insert(text.end(), r.corpus.train.tgt.begin(), r.corpus.train.tgt.end());
@@ -741,11 +838,32 @@ void print_pieces(const Tokenizer& tok) {
   }
 }
 
-void save_vocabulary(const Run& r) {
+// Every check passed (this one the last): a new run's folder gets its vocabulary (and the recipe's decoding
+// defaults), after --overwrite has deleted what the run before left there; a vocabulary already there is
+// kept when it is this run's and refused otherwise; a resumed run's folder keeps its own.
+void start_run_folder(const Run& r) {
   const Options& o = r.o;
+  if (r.ranks.rank != 0 || o.resume) return;
+  const std::string contents = run_contents(o.out);
+  bool same_vocabulary = false;
+  if (contents.empty() && is_file(r.vocab_path())) {
+    try {
+      same_vocabulary = Tokenizer::load(r.vocab_path()).hash() == r.tok.hash();
+    } catch (const std::runtime_error&) {  // not a vocabulary this program reads: another
+    }
+    if (!same_vocabulary && !o.overwrite)
+      fail("--out " + o.out + " holds another vocabulary than this run's (" + r.vocab_path() + "): --overwrite replaces it, "
+           "or choose another --out");
+  }
+  if (!contents.empty()) {  // (--overwrite: make_run_folder refused it otherwise)
+    for (const std::string& p : list_checkpoints(o.out)) std::remove(p.c_str());
+    for (const char* name : {"model.bin", "averaged.bin", "log.csv", "curves.svg", "decoding.txt", "vocab.bpe"})
+      std::remove((o.out + "/" + name).c_str());
+    std::printf("--overwrite: deleted the run in %s (%s)\n", o.out.c_str(), contents.c_str());
+  }
   try {
-    if (r.ranks.rank == 0 && (!o.resume || !o.vocab.empty())) r.tok.save(r.vocab_path());  // the run folder holds its vocabulary
-    if (r.ranks.rank == 0 && !o.resume && preset_name(o, r.corpus.numbers) == "multi30k")  // and ./translate's beam and alpha
+    if (!same_vocabulary) r.tok.save(r.vocab_path());  // the run folder holds its vocabulary
+    if (preset_name(o, r.corpus.numbers) == "multi30k")  // and ./translate's beam and alpha
       save_decoding_defaults(o.out + "/decoding.txt", recipe_decoding(),
                              "the multi30k recipe's beam and length penalty, chosen on Multi30k's validation set (NOTES.md)");
   } catch (const std::exception& e) {
@@ -771,6 +889,26 @@ void encode_data(Run& r) {
               too_long, r.cfg.max_len - 1);
 }
 
+// A run's id: random, never 0 (a version-1 checkpoint's, whose run is unknown).
+uint64_t new_run_id() {
+  std::random_device device;
+  const uint64_t id = mix64(((uint64_t)device() << 32 | device()) ^ (uint64_t)std::chrono::system_clock::now().time_since_epoch().count());
+  return id ? id : 1;
+}
+
+// What a resume keeps of the run, from its checkpoint (version 2; a version-1 checkpoint does not say): its
+// --batch-tokens, where the command line is silent, and its vocabulary's --merges. Given otherwise, they are refused.
+void keep_run_options(Run& r) {
+  Options& o = r.o;
+  const TrainState& t = r.st;
+  if (t.batch_tokens > 0 && o.given.count("--batch-tokens") && o.batch_tokens != t.batch_tokens)
+    fail("--resume: the run trains on batches of --batch-tokens " + std::to_string(t.batch_tokens) + ": leave the option out, or give that");
+  if (t.batch_tokens > 0) o.batch_tokens = (int)t.batch_tokens;
+  if (o.given.count("--merges") && t.run != 0 && o.merges != t.merges)
+    fail("--resume: the run keeps its vocabulary (" + r.vocab_path() + ", " +
+         (t.merges < 0 ? std::string("given with --vocab") : "--merges " + std::to_string(t.merges)) + "): leave --merges out");
+}
+
 // the model: new, or resumed
 void build_model(Run& r) {
   Options& o = r.o;
@@ -787,10 +925,14 @@ void build_model(Run& r) {
     if (!diff.empty()) fail("--resume: the checkpoint has another configuration (" + diff + ")");
     if (r.model->seed != o.seed) fail("--resume: the checkpoint was trained with --seed " + std::to_string(r.model->seed));
     r.st = meta.train;
+    keep_run_options(r);
     std::printf("resumed from %s at step %ld (epoch %ld, batch %ld)\n", (o.out + "/model.bin").c_str(), r.model->step, r.st.epoch, r.st.batch);
   } else {
     r.model = std::make_unique<Transformer<float>>(r.cfg, o.seed);
+    r.st.run = new_run_id();
+    r.st.merges = o.vocab.empty() ? o.merges : -1;
   }
+  r.st.batch_tokens = o.batch_tokens;
   if (o.device == "cuda") {
     try {
       r.ranks.choose_gpu();
@@ -999,7 +1141,7 @@ std::string Training::stop_reason() {
   if (code == 5)
     return "--patience " + std::to_string(o.patience) + " reached (the best validation loss, " + fmt(best_val, "%.4f") +
            " at step " + std::to_string(best_step) + ", not bettered in " + std::to_string(stale) + " validations)";
-  return kReasons[code];
+  return code == 1 && interrupted == SIGTERM ? "interrupted (SIGTERM)" : kReasons[code];
 }
 
 void Training::check_same_parameters() {
@@ -1144,13 +1286,17 @@ void Training::finish(const std::string& reason) {
   write_log(r);
   std::printf("checkpoint %s (%s/model.bin), log %s, curves %s/curves.svg\n", last_good.c_str(), o.out.c_str(), r.csv_path().c_str(), o.out.c_str());
   if (interrupted) return;
+  std::signal(SIGINT, SIG_DFL);  // all is written: a signal during the averaging and the test figures ends at once
+  if (r.ranks.size == 1) std::signal(SIGTERM, SIG_DFL);
 
-  if (o.average > 0) {  // [§6] average the last checkpoints
-    std::vector<std::string> all = list_checkpoints(o.out);
-    std::vector<std::string> last(all.end() - std::min((size_t)o.average, all.size()), all.end());
+  if (o.average > 0) {  // [§6] average this run's last checkpoints
+    const std::vector<std::string> mine = run_checkpoints(o.out, st.run);
+    const std::vector<std::string> last(mine.end() - std::min((size_t)o.average, mine.size()), mine.end());
+    const size_t others = list_checkpoints(o.out).size() - mine.size();
     try {
       int n = checkpoint_average(last, o.out + "/averaged.bin");
-      std::printf("averaged the last %d checkpoints into %s/averaged.bin [§6]\n", n, o.out.c_str());
+      std::printf("averaged the last %d checkpoints of this run into %s/averaged.bin [§6]%s\n", n, o.out.c_str(),
+                  others ? (" (" + std::to_string(others) + " of another run left out)").c_str() : "");
     } catch (const std::exception& e) {
       fail(e.what());
     }
@@ -1176,13 +1322,13 @@ int main(int argc, char** argv) {
     print_pieces(r.tok);
     return 0;
   }
-  save_vocabulary(r);
   encode_data(r);
   build_model(r);
   make_batches(r);
   measure_memory(r);
   read_log(r);
-  std::signal(SIGINT, on_interrupt);
+  start_run_folder(r);
+  stop_on_signals(ranks);
   Training t(r);
   const std::string reason = t.run();
   if (ranks.rank == 0) t.finish(reason);

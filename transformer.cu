@@ -43,7 +43,7 @@ void Config::validate() const {
   need(p_drop >= 0 && p_drop < 1 && p_attn >= 0 && p_attn < 1 && p_relu >= 0 && p_relu < 1,
        "dropout probabilities must be in [0, 1)");
   need(eps_ls >= 0 && eps_ls < 1, "label smoothing must be in [0, 1)");
-  need(ln_eps > 0, "LayerNorm epsilon must be > 0");
+  need(ln_eps >= 1e-12 && ln_eps <= 1, "LayerNorm epsilon must be in [1e-12, 1]");  // (1e-6 here, 1e-5 in PyTorch)
   need(warmup >= 1, "warmup steps must be >= 1");
   need(lr_scale > 0 && std::isfinite(lr_scale), "learning-rate scale must be > 0");
   need(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1, "Adam's betas must be in [0, 1)");

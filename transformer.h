@@ -323,14 +323,18 @@ std::vector<T> decoder_logprobs(Transformer<T>& m, const std::vector<int>& src, 
 
 // ---- checkpoints -----------------------------------------------------------------------------------------
 // A binary file (NOTES.md, "Checkpoints"): magic "TRANSFMR", format version, the configuration, the
-// vocabulary hash, the step and seed, where training stood, the parameters and (optionally) Adam's m
-// and v, then an FNV-1a checksum of everything before it. Written to a temporary file, flushed, synced
-// and renamed, so a crash never leaves a half-written checkpoint under the real name.
+// vocabulary hash, the step and seed, where training stood (with version 2, the run's id and the options a
+// resume must keep), the parameters and (optionally) Adam's m and v, then an FNV-1a checksum of everything
+// before it. Written to a temporary file, flushed, synced and renamed, so a crash never leaves a
+// half-written checkpoint under the real name. Version 1 files (without the run's fields) still load.
 struct TrainState {
   long epoch = 0;        // epochs completed
   long batch = 0;        // batches of the current epoch done (the epoch's order comes from the seed)
   double elapsed = 0;    // seconds of training so far
   long tokens = 0;       // target tokens trained on so far
+  uint64_t run = 0;      // the run's id, drawn at its start: --average and --keep take only its checkpoints (0: version 1)
+  long batch_tokens = 0; // the run's --batch-tokens (0: unknown, version 1)
+  long merges = -1;      // the BPE merges the run asked for (-1: a vocabulary given with --vocab, or version 1)
 };
 struct CheckpointMeta {
   uint64_t vocab_hash = 0;
@@ -340,8 +344,13 @@ struct CheckpointMeta {
 };
 // Throws std::runtime_error with one line when the file cannot be written.
 void checkpoint_save(const std::string& path, const Transformer<float>& m, uint64_t vocab_hash, const TrainState* train);
-// Throws std::runtime_error with one line: missing, truncated, not a checkpoint, another version, bad checksum.
+// Throws std::runtime_error with one line: missing, a directory, not a checkpoint, another version, a size
+// other than its header declares, bad checksum, invalid configuration, values not finite. Reads the header
+// first and then only the size it declares (checked against a regular file's size before anything more).
 std::unique_ptr<Transformer<float>> checkpoint_load(const std::string& path, CheckpointMeta* meta);
+// The header alone (not checked by the checksum, which covers the whole file): what a run folder's listing
+// needs of each checkpoint. Throws as checkpoint_load.
+CheckpointMeta checkpoint_meta(const std::string& path);
 // [§6] The mean of several checkpoints' parameters (same configuration and vocabulary), saved without
 // Adam state; returns the number averaged.
 int checkpoint_average(const std::vector<std::string>& paths, const std::string& out);

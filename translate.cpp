@@ -21,6 +21,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <vector>
 
@@ -66,7 +67,8 @@ void usage(FILE* f) {
                "  --score FILE         score FILE against --ref (no model)\n"
                "  --lowercase          case-insensitive BLEU\n"
                "  --interactive        translate each line as soon as it is read, flushing its translation\n"
-               "                       (the default when stdin is a terminal; Ctrl-D or Ctrl-C ends, status 0)\n"
+               "                       (the default when stdin is a terminal; Ctrl-D or Ctrl-C ends, status 0);\n"
+               "                       otherwise the input is read and translated a window of 8 batches at a time\n"
                "  --attention FILE     draw the attention weights of the first sentence as an SVG\n"
                "  --attention-layer L  draw layer L only (from 1)\n"
                "  --attention-head H   draw head H only (from 1); with --attention-layer: one head's maps, large\n"
@@ -87,7 +89,7 @@ void usage(FILE* f) {
 int to_int(const std::string& flag, const std::string& v) {
   char* end = nullptr;
   long x = std::strtol(v.c_str(), &end, 10);
-  if (v.empty() || *end || x < 0 || x > 1000000) fail(flag + " needs a non-negative integer, got '" + v + "'");
+  if (v.empty() || *end || x < 0 || x > 1000000) fail(flag + " needs an integer in [0, 1000000], got '" + v + "'");
   return (int)x;
 }
 
@@ -145,6 +147,8 @@ Options parse(int argc, char** argv) {
   if (o.decode.beam < 1) fail("--beam must be at least 1");
   if (o.decode.n_best < 1) fail("--n-best must be at least 1");
   if (o.greedy && o.decode.n_best > 1) fail("--n-best needs beam search, not --greedy");
+  if (o.greedy && (o.beam_given || o.alpha_given)) fail("--greedy decodes without a beam: give --greedy or --beam and --alpha, not both");
+  if (o.lowercase && o.ref.empty()) fail("--lowercase is BLEU's: it needs --ref REF (or --score HYP --ref REF)");
   if (o.batch == 0) fail("--batch must be at least 1");
   if (!o.device.empty() && o.device != "cpu" && o.device != "cuda") fail("--device must be cpu or cuda, got '" + o.device + "'");
   if (o.score.empty() && o.model.empty()) fail("no model: give -m CHECKPOINT (or --score HYP --ref REF)");
@@ -295,9 +299,10 @@ void write_translation(std::ostream& out, size_t id, const std::vector<Hypothesi
   for (const Hypothesis& h : hyps) out << id << " ||| " << tok.decode(h.tokens) << " ||| " << h.score << " ||| " << h.logprob << "\n";
 }
 
-// Every non-empty source's n-best list, decoded in batches of similar length (less padding), the longest
-// first (the buffers the first batch grows fit every later one); an empty source gets an empty list. On the
-// CPU, --batch is lowered (with a warning) to what memory holds.
+// Every non-empty source's n-best list (of a window of the input, or of --tune's whole set), decoded in
+// batches of similar length (less padding), the longest first (the buffers the first batch grows fit every
+// later one); an empty source gets an empty list. On the CPU, --batch is lowered (with a warning) to what
+// memory holds.
 std::vector<std::vector<Hypothesis>> decode_all(Transformer<float>& m, const std::vector<std::vector<int>>& src, Options& o) {
   std::vector<size_t> order;
   for (size_t i = 0; i < src.size(); ++i)
@@ -383,31 +388,52 @@ void on_interrupt(int) {
 // ---- the session's stages ---------------------------------------------------------------------------
 
 // What the stages share: the options (decoding.txt's defaults and the device filled in), the model and its
-// vocabulary, the references, and every input line with its translations.
+// vocabulary, the references, and what the report needs of the translations, gathered as they are written.
 struct Session {
   Options o;
   std::unique_ptr<Transformer<float>> model;
   Tokenizer tok;
   std::string defaults_path;  // decoding.txt beside the checkpoint
   std::vector<std::string> refs;
-  std::ofstream file;                           // -o
-  std::vector<std::vector<int>> src;            // every input line, encoded
-  std::vector<std::vector<Hypothesis>> result;  // and its translations
-  double seconds = 0;                           // spent decoding
-  bool rejected = false;                        // an interactive line was not valid UTF-8
+  std::ofstream file;                     // -o
+  size_t lines = 0, sentences = 0;        // input lines written, and those with a translation (not empty)
+  long tokens = 0;                        // target tokens translated, </s> included
+  std::vector<std::string> hyps;          // every line's best translation, with --ref
+  size_t first_line = 0;                  // the first line with a translation, from 1 (0: none yet): --attention's
+  std::vector<int> first_src, first_out;  // its source and translation
+  double seconds = 0;                     // spent decoding
+  bool rejected = false;                  // a line was not valid UTF-8
 
   explicit Session(Options options) : o(std::move(options)) {}
+  std::string input_name() const { return o.input.empty() ? "stdin" : o.input; }
   std::vector<std::vector<int>> encode(const std::vector<std::string>& lines, size_t first_line) const {  // encode_lines, warnings printed
-    const std::string input_name = o.input.empty() ? "stdin" : o.input;
     const int max_src = model->cfg.max_len - 1;  // room for </s>
     std::vector<std::string> warnings;
-    std::vector<std::vector<int>> ids = encode_lines(tok, lines, input_name, max_src, &warnings, first_line);
+    std::vector<std::vector<int>> ids = encode_lines(tok, lines, input_name(), max_src, &warnings, first_line);
     for (const std::string& w : warnings) std::fprintf(stderr, "translate: warning: %s\n", w.c_str());
     return ids;
   }
-  void check_refs(size_t lines) const {
-    if (!o.ref.empty() && refs.size() != lines)
-      fail(o.ref + " has " + std::to_string(refs.size()) + " lines but the input has " + std::to_string(lines));
+  // A line that is not UTF-8 is reported and translated as an empty line; the exit status is then 1.
+  std::vector<int> encode_line(const std::string& line, size_t number) {
+    try {
+      return encode({line}, number)[0];
+    } catch (const std::runtime_error& e) {
+      std::fprintf(stderr, "translate: %s\n", e.what());
+      rejected = true;
+      return {};
+    }
+  }
+  void note(const std::vector<int>& src, const std::vector<Hypothesis>& result) {  // a line written: what report() needs
+    ++lines;
+    if (!o.ref.empty()) hyps.push_back(result.empty() ? std::string() : tok.decode(result[0].tokens));
+    if (result.empty()) return;
+    ++sentences;
+    tokens += (long)result[0].tokens.size() + result[0].finished;  // target tokens count </s>
+    if (first_line == 0) first_line = lines, first_src = src, first_out = result[0].tokens;
+  }
+  void check_refs(size_t input_lines) const {
+    if (!o.ref.empty() && refs.size() != input_lines)
+      fail(o.ref + " has " + std::to_string(refs.size()) + " lines but the input has " + std::to_string(input_lines));
   }
   std::ostream& open_output() {
     if (o.output.empty()) return std::cout;
@@ -419,6 +445,25 @@ struct Session {
     if (!out.flush()) fail("cannot write " + (o.output.empty() ? std::string("stdout") : o.output));
   }
 };
+
+// -o and --attention must not name the model, its vocabulary or an input, which writing them would destroy
+// (a checkpoint was once replaced by its own translation, exit 0). Files are compared as files (device and
+// inode): model.bin, a link, is the checkpoint it names. --attention's folder must take the file before
+// anything is translated.
+void check_outputs(const Options& o) {
+  auto same = [](const std::string& a, const std::string& b) {
+    struct stat x, y;
+    return !a.empty() && !b.empty() && stat(a.c_str(), &x) == 0 && S_ISREG(x.st_mode) && stat(b.c_str(), &y) == 0 &&
+           x.st_dev == y.st_dev && x.st_ino == y.st_ino;
+  };
+  const std::string vocab = !o.vocab.empty() || o.model.empty() ? o.vocab : directory_of(o.model) + "/vocab.bpe";
+  for (const auto& [flag, out] : {std::pair{"-o", &o.output}, std::pair{"--attention", &o.attention}})
+    for (const auto& [what, in] : {std::pair{"the model", &o.model}, std::pair{"the vocabulary", &vocab}, std::pair{"the input", &o.input},
+                                   std::pair{"the reference", &o.ref}})
+      if (same(*out, *in)) fail(std::string(flag) + " " + *out + " is " + what + " (" + *in + "): writing it would destroy it; choose another file");
+  if (!o.attention.empty() && access(directory_of(o.attention).c_str(), W_OK) != 0)
+    fail("--attention " + o.attention + ": cannot write to " + directory_of(o.attention) + ": " + std::strerror(errno));
+}
 
 // --score: BLEU of a file, no model
 void score_file(const Options& o) {
@@ -483,81 +528,85 @@ void choose_device(Session& s) {
   if (o.batch < 0) o.batch = o.device == "cuda" ? 200 : 32;
 }
 
-// Interactive: each line is translated as soon as it is complete and its translation flushed. Ctrl-D
-// ends the input (then --ref, --stats and --attention report); Ctrl-C ends the session, with nothing
-// more (exit status 0, as ./train's Ctrl-C).
-void translate_interactively(Session& s) {
-  const Options& o = s.o;
-  std::signal(SIGINT, on_interrupt);
-  const bool prompt = isatty(STDIN_FILENO) && isatty(STDERR_FILENO);
-  if (prompt) std::fprintf(stderr, "translate: type a sentence and press Enter; Ctrl-D or Ctrl-C ends\n");
-  std::ifstream in_file;
-  if (!o.input.empty()) {
-    in_file.open(o.input, std::ios::binary);
-    if (!in_file) fail("cannot read " + o.input + ": " + std::strerror(errno));
-  }
-  std::istream& in = o.input.empty() ? std::cin : in_file;
-  std::ostream& out = s.open_output();
-  std::string line;
-  while (!interrupted) {
+// The lines of -i (or stdin), reading up to `count` into `lines`; false when there are none left. With a
+// prompt (an interactive session at a terminal), one before each; Ctrl-C while waiting ends the program.
+bool read_window(LineReader& in, std::vector<std::string>& lines, size_t count, bool prompt) {
+  lines.clear();
+  for (std::string line; lines.size() < count;) {
     waiting_for_input = 1;
     if (prompt) std::fputs("> ", stderr);
-    const bool more = (bool)std::getline(in, line);
+    const bool more = in.next(line);
     waiting_for_input = 0;
     if (!more) break;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    std::vector<int> ids;
-    try {
-      ids = s.encode({line}, s.src.size() + 1)[0];
-    } catch (const std::runtime_error& e) {  // invalid UTF-8: reported, and the session goes on; exit status 1 at the end
-      std::fprintf(stderr, "translate: %s\n", e.what());
-      s.rejected = true;
-    }
-    s.src.push_back(ids);
+    lines.push_back(std::move(line));
+  }
+  return !lines.empty();
+}
+
+// The input as a stream: a window of lines is read, encoded, decoded in batches of similar length
+// (decode_all) and written in input order and flushed, then the next. Memory holds a window (8 batches'
+// lines), not the file. Interactively (stdin a terminal, or --interactive) a window is one line, translated
+// as soon as it is complete; Ctrl-D ends the input (then --ref, --stats and --attention report), Ctrl-C
+// the session, with nothing more (exit status 0, as ./train's Ctrl-C).
+void translate_stream(Session& s, bool interactive) {
+  const bool prompt = interactive && isatty(STDIN_FILENO) && isatty(STDERR_FILENO);
+  if (interactive) std::signal(SIGINT, on_interrupt);
+  if (prompt) std::fprintf(stderr, "translate: type a sentence and press Enter; Ctrl-D or Ctrl-C ends\n");
+  std::ifstream in_file;
+  if (!s.o.input.empty()) open_for_reading(in_file, s.o.input);
+  LineReader in(s.o.input.empty() ? std::cin : in_file, s.input_name());
+  std::ostream& out = s.open_output();
+  const size_t window = interactive ? 1 : 8 * (size_t)s.o.batch;
+  std::vector<std::string> lines;
+  while (!interrupted && read_window(in, lines, window, prompt)) {
+    std::vector<std::vector<int>> src;
+    for (size_t i = 0; i < lines.size(); ++i) src.push_back(s.encode_line(lines[i], s.lines + i + 1));
     const auto t0 = std::chrono::steady_clock::now();
-    s.result.push_back(ids.empty() ? std::vector<Hypothesis>() : translate_chunk(*s.model, {ids}, o)[0]);
+    const std::vector<std::vector<Hypothesis>> result = decode_all(*s.model, src, s.o);
     s.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    write_translation(out, s.src.size() - 1, s.result.back(), s.tok, o.decode.n_best);
+    for (size_t i = 0; i < src.size(); ++i) {
+      write_translation(out, s.lines, result[i], s.tok, s.o.decode.n_best);
+      s.note(src[i], result[i]);
+    }
     s.check_written(out);
   }
 }
 
-void read_input(Session& s) {
-  std::vector<std::string> lines = read_text_lines(s.o.input.empty() ? "-" : s.o.input);
-  s.check_refs(lines.size());
-  s.src = s.encode(lines, 1);  // a line that is not UTF-8 throws "NAME:LINE: ..." before anything is written
+// The references, and with -i a regular file, its line count checked against them before anything is
+// translated (a pipe's or stdin's is checked at its end: it can be read once).
+void read_references(Session& s) {
+  if (s.o.ref.empty()) return;
+  s.refs = read_text_lines(s.o.ref);
+  struct stat st;
+  if (s.o.input.empty() || s.o.tune || stat(s.o.input.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return;
+  std::ifstream file;
+  open_for_reading(file, s.o.input);
+  LineReader in(file, s.o.input);
+  size_t lines = 0;
+  for (std::string line; in.next(line);) ++lines;
+  s.check_refs(lines);
 }
 
-void translate_batch(Session& s) {
-  const auto t0 = std::chrono::steady_clock::now();
-  s.result = decode_all(*s.model, s.src, s.o);
-  s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::ostream& out = s.open_output();
-  for (size_t i = 0; i < s.src.size(); ++i) write_translation(out, i, s.result[i], s.tok, s.o.decode.n_best);
-  s.check_written(out);
+// --tune's validation set, whole: every line encoded (one that is not UTF-8 stops the run).
+std::vector<std::vector<int>> read_input(const Session& s) {
+  std::vector<std::string> lines = read_text_lines(s.o.input);
+  s.check_refs(lines.size());
+  return s.encode(lines, 1);
 }
 
 // After the translations: --stats, BLEU against --ref, and --attention's maps of the first non-empty line.
 void report(Session& s) {
   const Options& o = s.o;
-  size_t sentences = 0, first = s.src.size();
-  long tokens = 0;
-  const std::vector<std::string> hyps = best_translations(s.result, s.tok);
-  for (size_t i = 0; i < s.src.size(); ++i) {
-    if (s.result[i].empty()) continue;
-    ++sentences, first = std::min(first, i);
-    tokens += (long)s.result[i][0].tokens.size() + s.result[i][0].finished;  // target tokens count </s>
-  }
   if (o.stats)  // the decoding alone: encoder, decoder steps and search
     std::fprintf(stderr, "translate: %zu sentences, %ld target tokens in %.2f s on %s (%s): %.1f sentences/s, %.0f tokens/s\n",
-                 sentences, tokens, s.seconds, o.device.c_str(), o.greedy ? "greedy" : ("beam " + std::to_string(o.decode.beam)).c_str(),
-                 sentences / s.seconds, tokens / s.seconds);
-  if (!o.ref.empty()) print_bleu(hyps, s.refs, o.lowercase);
+                 s.sentences, s.tokens, s.seconds, o.device.c_str(), o.greedy ? "greedy" : ("beam " + std::to_string(o.decode.beam)).c_str(),
+                 s.sentences / s.seconds, s.tokens / s.seconds);
+  if (!o.ref.empty()) print_bleu(s.hyps, s.refs, o.lowercase);
   if (!o.attention.empty()) {
-    if (first == s.src.size()) fail("--attention: the input has no non-empty sentence to draw");
+    if (s.first_line == 0) fail("--attention: the input has no non-empty sentence to draw");
     transformer_to_device(*s.model, Device::cpu);  // the maps are read from the CPU pass's saved activations
-    write_attention_svg(o.attention, *s.model, s.tok, s.src[first], s.result[first][0].tokens, o.attention_layer, o.attention_head);
-    std::fprintf(stderr, "translate: attention maps of line %zu written to %s\n", first + 1, o.attention.c_str());
+    write_attention_svg(o.attention, *s.model, s.tok, s.first_src, s.first_out, o.attention_layer, o.attention_head);
+    std::fprintf(stderr, "translate: attention maps of line %zu written to %s\n", s.first_line, o.attention.c_str());
   }
 }
 
@@ -571,25 +620,19 @@ int main(int argc, char** argv) {
       score_file(s.o);
       return 0;
     }
+    check_outputs(s.o);
     load_model(s);
     use_decoding_defaults(s);
     check_against_model(s);
     choose_device(s);
-    if (!s.o.ref.empty()) s.refs = read_text_lines(s.o.ref);
-    if (s.o.interactive || (s.o.input.empty() && isatty(STDIN_FILENO))) {
-      translate_interactively(s);
-      if (interrupted) return 0;
-      s.check_refs(s.src.size());
-    } else {
-      // Batch: encode everything first, so that a bad line stops the run before any output is written;
-      // then decode in batches of similar length (less padding) and write in input order.
-      read_input(s);
-      if (s.o.tune) {
-        tune_decoding(*s.model, s.tok, s.src, s.refs, s.o, s.defaults_path);
-        return 0;
-      }
-      translate_batch(s);
+    read_references(s);
+    if (s.o.tune) {
+      tune_decoding(*s.model, s.tok, read_input(s), s.refs, s.o, s.defaults_path);
+      return 0;
     }
+    translate_stream(s, s.o.interactive || (s.o.input.empty() && isatty(STDIN_FILENO)));
+    if (interrupted) return 0;
+    s.check_refs(s.lines);
     report(s);
     return s.rejected ? 1 : 0;
   } catch (const std::exception& e) {

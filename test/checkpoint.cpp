@@ -1,7 +1,11 @@
 // checkpoint: the checkpoint file (transformer.h, "checkpoints"): a round trip keeps the configuration,
-// every parameter, Adam's state, the step, seed and training state bit for bit; averaging (§6) gives the
-// element-wise mean; a corrupted, truncated, foreign or other-version file is refused with a message, and so
-// is one whose checksum is right but whose header declares sizes the file does not hold.
+// every parameter, Adam's state, the step, seed and training state (the run's id and options too) bit for
+// bit; a version-1 file (test/fuzz/corpus/checkpoint/tiny_adam.bin, the argument's folder) still loads;
+// averaging (§6) gives the element-wise mean, of one run's checkpoints only; a corrupted, truncated,
+// extended, foreign or other-version file, a directory and /dev/zero are refused with a message (the last
+// two without reading them whole), and so is one whose checksum is right but whose header declares sizes
+// the file does not hold or a configuration out of range (an infinite LayerNorm epsilon).
+// Usage: checkpoint CORPUS_DIR
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -9,6 +13,7 @@
 #include <fstream>
 #include <stdexcept>
 #include <string>
+#include <unistd.h>
 
 #include "../transformer.h"
 #include "check.h"
@@ -30,14 +35,18 @@ static bool refused(const std::string& path, const std::string& expect) {
   return false;
 }
 
-int main() {
+int main(int argc, char** argv) {
   Checker ck("checkpoint");
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: checkpoint CORPUS_DIR (test/fuzz/corpus/checkpoint)\n");
+    return 1;
+  }
   Config c = config_preset("tiny");
   c.V = 50, c.N = 1, c.pre_ln = true;
   Transformer<float> a(c, 7), b(c, 8);
   for (size_t i = 0; i < a.params.size(); ++i) a.adam_m[i] = 0.5f * i, a.adam_v[i] = 1.0f / (1 + i);
   a.step = 123;
-  TrainState st{4, 17, 12.5, 9999};
+  TrainState st{4, 17, 12.5, 9999, 0x1234567890ABCDEFull, 2048, 60};
   const std::string p = "checkpoint_test_a.bin", q = "checkpoint_test_b.bin", r = "checkpoint_test_avg.bin", bad = "checkpoint_test_bad.bin";
   checkpoint_save(p, a, 0xABCDEF, &st);
   CheckpointMeta meta;
@@ -47,6 +56,18 @@ int main() {
   ck.expect(back->step == 123 && back->seed == 7 && meta.step == 123 && meta.has_adam, "step or seed changed");
   ck.expect(meta.vocab_hash == 0xABCDEF, "vocabulary hash changed");
   ck.expect(meta.train.epoch == 4 && meta.train.batch == 17 && meta.train.elapsed == 12.5 && meta.train.tokens == 9999, "training state changed");
+  ck.expect(meta.train.run == st.run && meta.train.batch_tokens == 2048 && meta.train.merges == 60, "the run's id or options changed");
+  const CheckpointMeta head = checkpoint_meta(p);
+  ck.expect(head.train.run == st.run && head.step == 123 && head.has_adam, "checkpoint_meta reads the header");
+  CheckpointMeta old_meta;
+  const std::string old = std::string(argv[1]) + "/tiny_adam.bin";  // written by version 1 of the format
+  try {
+    auto m = checkpoint_load(old, &old_meta);
+    ck.expect(old_meta.has_adam && old_meta.train.run == 0 && old_meta.train.batch_tokens == 0 && old_meta.train.merges == -1,
+              "a version-1 checkpoint loads, its run unknown");
+  } catch (const std::runtime_error& e) {
+    ck.expect(false, "a version-1 checkpoint loads: %s", e.what());
+  }
 
   // [§6] averaging
   b.step = 200;
@@ -76,12 +97,29 @@ int main() {
     threw = std::string(e.what()).find("vocabulary") != std::string::npos;
   }
   ck.expect(threw, "averaging checkpoints of different vocabularies is refused");
+  TrainState other_run = st;
+  other_run.run += 1;
+  checkpoint_save(bad, b, 0xABCDEF, &other_run);
+  threw = false;
+  try {
+    checkpoint_average({p, bad}, r);
+  } catch (const std::runtime_error& e) {
+    threw = std::string(e.what()).find("another run") != std::string::npos;
+  }
+  ck.expect(threw, "averaging checkpoints of two runs is refused");
 
   // bad files
   const std::string good = slurp(p);
   ck.expect(refused("no_such_checkpoint.bin", "cannot read"), "a missing file");
   spit(bad, good.substr(0, good.size() / 2));
-  ck.expect(refused(bad, "truncated"), "a truncated file");
+  ck.expect(refused(bad, "truncated checkpoint (" + std::to_string(good.size() / 2) + " bytes, its header declares " +
+                             std::to_string(good.size()) + ")"), "a truncated file");
+  spit(bad, good + "appended");
+  ck.expect(refused(bad, std::to_string(good.size()) + " bytes of checkpoint, as its header declares, then 8 more"), "bytes after the end");
+  ck.expect(refused(".", "a directory, not a checkpoint"), "a directory");
+  alarm(10);  // read whole, /dev/zero never ends: the test dies here
+  ck.expect(refused("/dev/zero", "not a checkpoint"), "/dev/zero, refused after its first bytes");
+  alarm(0);
   spit(bad, good.substr(0, 20));
   ck.expect(refused(bad, "truncated"), "a file cut inside the header");
   std::string flipped = good;
@@ -118,6 +156,13 @@ int main() {
   ck.expect(refused(bad, "parameter count does not match"), "a header declaring 2^30 layers");
   spit(bad, with_int(16, -4));
   ck.expect(refused(bad, "d_model"), "a negative d_model");
+  const size_t ln_eps_at = 12 + 6 * 4 + 4 * 8 + 4;
+  for (double eps : {(double)INFINITY, (double)NAN, 0.0, 10.0}) {
+    std::string b = good;
+    std::memcpy(&b[ln_eps_at], &eps, sizeof eps);
+    spit(bad, resealed(b));
+    ck.expect(refused(bad, "LayerNorm epsilon must be in [1e-12, 1]"), "a LayerNorm epsilon of %g", eps);
+  }
   const size_t ls_form_at = 12 + 6 * 4 + 4 * 8;
   spit(bad, with_int(ls_form_at, 7));
   ck.expect(refused(bad, "ls_form is 7"), "an unknown label-smoothing form");

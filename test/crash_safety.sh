@@ -5,7 +5,8 @@
 #      one, then SIGKILL it after a random 0-150 ms (a checkpoint write takes a good share of that time).
 #      After every kill: model.bin names a whole checkpoint that ./translate loads, never an earlier step
 #      than before. Each trial resumes from the last one's model.bin (it must run until killed and write a
-#      later checkpoint), and a final resume runs to the end. Kills that landed inside a write are counted
+#      later checkpoint; the killed run's lock on the folder is released by the kernel), and a final resume
+#      runs to the end. Kills that landed inside a write are counted
 #      by the temporary files they left.
 #   2. A file-size limit (ulimit -f) smaller than a checkpoint: the resumed run stops at its first
 #      checkpoint with one line, and model.bin still names the same, intact checkpoint.

@@ -11,7 +11,11 @@
 #      atomically (a new file renamed over the old: its inode changes, no temporary file is left);
 #   7. --checkpoint-every epoch writes one checkpoint an epoch; --patience stops on a validation loss
 #      that no longer falls, and counts on across a resume;
-#   8. --config multi30k's recipe; 9. --batches-out.
+#   8. --config multi30k's recipe; 9. --batches-out;
+#  10. the run folder is the user's data: a new run into one that holds a run (or another vocabulary), --resume with another
+#      vocabulary, --merges or --batch-tokens are refused and leave it byte for byte; --overwrite starts over;
+#      a second ./train on it meets the first's lock; --average and --keep take only this run's checkpoints;
+#      SIGTERM, and a quick second signal, still write the checkpoint; a byte-order mark is not text.
 # Usage: train_cli.sh ROOT
 set -u
 root="$(cd "$1" && pwd)"
@@ -85,7 +89,7 @@ expect_error "invalid UTF-8 names file and line" "train.de:2: invalid UTF-8 at b
 check "empty and over-long pairs are skipped and counted" grep -q "skipped 1 with an empty side, 1 longer than 15 tokens" skip.log
 expect_error "unwritable --out" "cannot write to --out" "$train" "${common[@]}" --max-steps 1 --out /proc/no/such
 expect_error "resume with another configuration" "another configuration (N 2 vs 3)" "$train" "${common[@]}" --max-steps 41 --out resumed --resume --layers 3
-expect_error "resume with another --batch-tokens" "stopped after batch .* resume with the first run's --batch-tokens" \
+expect_error "resume with another --batch-tokens" "--resume: the run trains on batches of --batch-tokens 1024: leave the option out" \
   "$train" "${common[@]}" --seed 3 --max-steps 41 --out resumed --resume --batch-tokens 100000
 cp short/vocab.bpe resumed/vocab.bpe.other
 "$train" "${learning[@]}" --merges 10 --max-steps 1 --out othervocab > /dev/null 2>&1
@@ -177,5 +181,73 @@ check "--batches-out: a model line, then 6 batches of steps 1-3, each with its i
        { k++; if (NF != want[k]) ok = 0 }
        END { exit !(ok && n == 6 && steps[1] == 2 && steps[2] == 2 && steps[3] == 2) }' batches.txt
 expect_error "--batches-out into a missing folder" "cannot write no/such/dir/b.txt" "$train" "${common[@]}" --max-steps 1 --out nodump --batches-out no/such/dir/b.txt
+
+# 10. The run folder. `straight` (section 2: seed 3, 40 steps) is a run; each refusal leaves it byte for byte.
+fingerprint() { (cd "$1" && for f in *; do if [ -L "$f" ]; then echo "$f -> $(readlink "$f")"; else echo "$f $(md5sum < "$f")"; fi; done); }
+before=$(fingerprint straight)
+expect_error "a new run into a folder that holds one (--resume forgotten)" \
+  "--out straight holds a run (model.bin, 1 checkpoint, log.csv, vocab.bpe): --resume continues it, --overwrite starts a new one" \
+  "$train" "${learning[@]}" --seed 5 --merges 40 --max-steps 5 --out straight
+expect_error "--resume with another vocabulary" "--resume: --vocab .*othervocab/vocab.bpe is not the run's vocabulary (straight/vocab.bpe)" \
+  "$train" "${learning[@]}" --seed 3 --vocab "$work/othervocab/vocab.bpe" --max-steps 41 --out straight --resume
+expect_error "--resume with --merges" "--resume: the run keeps its vocabulary (straight/vocab.bpe, given with --vocab): leave --merges out" \
+  "$train" "${learning[@]}" --seed 3 --merges 40 --max-steps 41 --out straight --resume
+expect_error "--resume and --overwrite" "--resume continues the run in --out, --overwrite starts a new one there: give one" \
+  "$train" "${common[@]}" --seed 3 --max-steps 41 --out straight --resume --overwrite
+check "and the folder is byte for byte as it was" test "$(fingerprint straight)" = "$before"
+mkdir -p emptyrun
+expect_error "--resume in an empty folder" "--resume: --out emptyrun holds no checkpoint to resume from: leave out --resume" \
+  "$train" "${common[@]}" --max-steps 1 --out emptyrun --resume
+expect_error "--merges and --vocab" "--merges learns a vocabulary, --vocab gives one" "$train" "${common[@]}" --merges 10 --out mv
+expect_error "--src with the built-in corpus" "--src and --tgt choose a corpus folder's languages; the built-in corpus is English -> German" \
+  "$train" --data numbers --src fr --out srcfr
+expect_error "--lr-scale 0 states the range" "--lr-scale needs a number in \[1e-09, 1e+09\], got '0'" "$train" --lr-scale 0
+mkdir -p vocabonly vocabother && cp short/vocab.bpe vocabonly/ && cp othervocab/vocab.bpe vocabother/
+"$train" "${common[@]}" --max-steps 1 --out vocabonly > /dev/null 2>&1
+check "a folder holding only the run's vocabulary (put there for --vocab) takes the run" test -L vocabonly/model.bin
+expect_error "a folder holding another vocabulary" "--out vocabother holds another vocabulary than this run's (vocabother/vocab.bpe): --overwrite" \
+  "$train" "${common[@]}" --max-steps 1 --out vocabother
+check "and keeps it" cmp -s vocabother/vocab.bpe othervocab/vocab.bpe
+cp -r straight over
+"$train" "${common[@]}" --seed 5 --max-steps 3 --out over --overwrite > over.log 2>&1
+check "--overwrite starts over: the run before deleted, the new one's checkpoint alone ($(ls over | grep ckpt | tr '\n' ' '))" \
+  sh -c "grep -q '^--overwrite: deleted the run in over (model.bin, 1 checkpoint, log.csv, vocab.bpe)' over.log &&
+         test \"\$(ls over | grep ckpt)\" = ckpt-0000000003.bin && test \$(wc -l < over/log.csv) -le 5"
+# another run's checkpoint in the folder, under a later name: neither averaged nor pruned
+"$train" "${common[@]}" --max-steps 10 --out mine > /dev/null 2>&1
+cp -L straight/model.bin mine/ckpt-0000000099.bin
+"$train" "${common[@]}" --max-steps 40 --checkpoint-every 0.001 --keep 3 --average 3 --out mine --resume > mine.log 2>&1
+check "--average takes this run's checkpoints only ($(grep averaged mine.log))" \
+  grep -Eq "^averaged the last [23] checkpoints of this run into mine/averaged.bin \[§6\] \(1 of another run left out\)$" mine.log
+check "--keep 3 prunes this run's checkpoints only ($(ls mine | grep ckpt | tr '\n' ' '))" \
+  sh -c "test -e mine/ckpt-0000000099.bin && test \$(ls mine | grep -c ckpt) -le 4"
+# One process a folder: the second meets the first's lock, named by its process id. Then SIGTERM (a batch
+# scheduler's, docker stop's) stops the first as Ctrl-C does: a checkpoint of its step, exit 0.
+"$train" "${common[@]}" --time-limit 60 --checkpoint-every 0.01 --out locked > locked.log 2>&1 &
+pid=$!
+for _ in $(seq 1 600); do [ -e locked/model.bin ] && break; sleep 0.1; done
+expect_error "a second ./train on the folder" "--out locked is in use by another ./train (process $pid): one run per folder" \
+  "$train" "${common[@]}" --max-steps 5 --out locked --resume
+kill -TERM $pid
+wait $pid
+rc=$?
+stopped_at=$(sed -n 's/^stopped: interrupted (SIGTERM) at step \([0-9]*\) .*/\1/p' locked.log)
+check "SIGTERM writes the checkpoint of the step it stopped at (${stopped_at:-none}) and exits 0 (exit $rc)" \
+  sh -c "test $rc -eq 0 && test \"\$(readlink locked/model.bin)\" = \"$(printf 'ckpt-%010d.bin' "${stopped_at:-0}")\""
+"$train" "${common[@]}" --time-limit 60 --checkpoint-every 0.01 --out twice > twice.log 2>&1 &
+pid=$!
+for _ in $(seq 1 600); do [ -e twice/model.bin ] && break; sleep 0.1; done
+kill -INT $pid; sleep 0.01; kill -INT $pid; kill -TERM $pid
+wait $pid
+rc=$?
+stopped_at=$(sed -n 's/^stopped: interrupted (Ctrl-C) at step \([0-9]*\) .*/\1/p' twice.log)
+check "a quick second Ctrl-C and a SIGTERM wait for the checkpoint (step ${stopped_at:-none}, exit $rc)" \
+  sh -c "test $rc -eq 0 && test \"\$(readlink twice/model.bin)\" = \"$(printf 'ckpt-%010d.bin' "${stopped_at:-0}")\""
+# a byte-order mark (Windows editors write one) at the start of the training text is not a character of it
+tiny_corpus bom 42
+printf '\xef\xbb\xbf' | cat - bom/train.en > bom/x && mv bom/x bom/train.en
+"$train" --data bom --merges 10 --max-steps 1 --quiet --val-sentences 1 --test-sentences 1 --out bomrun > /dev/null 2>&1
+bom=$(printf '\xef\xbb\xbf')
+check "a byte-order mark in the training data: not in the vocabulary" sh -c "test -s bomrun/vocab.bpe && ! grep -q '$bom' bomrun/vocab.bpe"
 
 cli_finish

@@ -4,7 +4,9 @@
 #   inside their canvas with no text over another (test/svg_check.py), for a short and a 40-piece sentence
 #   and one head drawn large; interactive use at a terminal and through pipes (test/interactive.py);
 #   --score prints what the library computes (the golden line of bleu_golden); bad input: one clear line
-#   and a non-zero exit.
+#   and a non-zero exit; the input is a stream (the first translations written while it is still open,
+#   memory the same for 1,000 lines and 1,000,000); a byte-order mark changes nothing; -o that names the
+#   model, its vocabulary or the input is refused, the file intact.
 # Usage: translate_cli.sh ROOT
 set -u
 root="$(cd "$1" && pwd)"
@@ -117,12 +119,63 @@ expect_error "--alphas not numbers" "--alphas needs a number >= 0, got 'x'" "$tr
 # bad input
 printf 'nine\nbad \xff line\n' > bad.txt
 expect_error "invalid UTF-8 names the line" "stdin:2: invalid UTF-8 at byte 4" "$translate" "${m[@]}" < bad.txt
-check "nothing written on invalid input" test ! -s out.txt
+check "the bad line's output line is empty, the others translated" sh -c "test \$(wc -l < out.txt) -eq 2 && test -n \"\$(sed -n 1p out.txt)\" && test -z \"\$(sed -n 2p out.txt)\""
 expect_error "missing checkpoint" "cannot read checkpoint" "$translate" -m nope.bin
 head -c 1000 run/model.bin > truncated.bin
 expect_error "truncated checkpoint" "truncated" "$translate" -m truncated.bin --vocab run/vocab.bpe
 echo "not a model" > foreign.bin
 expect_error "foreign file" "not a checkpoint" "$translate" -m foreign.bin --vocab run/vocab.bpe
+expect_error "a directory as the model" "run: a directory, not a checkpoint (give a file such as run/model.bin)" "$translate" -m run
+cat run/model.bin > appended.bin; printf 'more' >> appended.bin
+expect_error "bytes after the checkpoint" "appended.bin: [0-9]* bytes of checkpoint, as its header declares, then 4 more" \
+  "$translate" -m appended.bin --vocab run/vocab.bpe
+expect_error "/dev/zero as the model: refused after its first bytes" "/dev/zero: not a checkpoint" timeout 20 "$translate" -m /dev/zero --greedy -i in.txt
+expect_error "/dev/zero as the input: a line over the limit" "/dev/zero:1: a line of more than 1048576 bytes" timeout 20 "$translate" "${m[@]}" -i /dev/zero
+echo nine | "$translate" -m <(cat run/model.bin) --vocab run/vocab.bpe --greedy > piped.txt
+check "a checkpoint through a pipe loads" test -s piped.txt
+cp run/model.bin model.saved; cp run/vocab.bpe vocab.saved
+expect_error "-o names the model" "-o run/model.bin is the model (run/model.bin): writing it would destroy it" "$translate" "${m[@]}" -i in.txt -o run/model.bin
+expect_error "-o names the checkpoint model.bin links to" "is the model (run/model.bin)" "$translate" "${m[@]}" -i in.txt -o "run/$(readlink run/model.bin)"
+expect_error "-o names the vocabulary" "-o run/vocab.bpe is the vocabulary" "$translate" "${m[@]}" -i in.txt -o run/vocab.bpe
+expect_error "-o names the input" "-o in.txt is the input" "$translate" "${m[@]}" -i in.txt -o in.txt
+check "the model, vocabulary and input are intact" sh -c "cmp -s run/model.bin model.saved && cmp -s run/vocab.bpe vocab.saved && test \$(wc -l < in.txt) -eq 6"
+expect_error "--attention into a missing folder, before translating" "--attention no/such/att.svg: cannot write to no/such" \
+  "$translate" "${m[@]}" -i in.txt --attention no/such/att.svg
+check "and nothing was translated" test ! -s out.txt
+expect_error "--greedy with --beam" "--greedy decodes without a beam" "$translate" "${m[@]}" --greedy --beam 4 -i in.txt
+expect_error "--beam beyond its range states it" "--beam needs an integer in \[0, 1000000\], got '2147483648'" "$translate" "${m[@]}" --beam 2147483648
+expect_error "--lowercase without --ref" "--lowercase is BLEU's: it needs --ref" "$translate" "${m[@]}" --lowercase -i in.txt
+# a byte-order mark at the start of the input, the references or --score's file changes nothing
+printf '\xef\xbb\xbf' | cat - in.txt > bom.txt
+"$translate" "${m[@]}" --greedy -i bom.txt -o bom_out.txt
+check "a byte-order mark before the first sentence does not change its translation" cmp -s greedy.txt bom_out.txt
+printf '\xef\xbb\xbf' | cat - ref.de > bom_ref.de
+"$translate" --score "$golden/hyp_small_test2016.de" --ref bom_ref.de > bom_score.txt
+check "nor BLEU against references that start with one" cmp -s score.txt bom_score.txt
+# A stream: with more than a window (8 batches of 32 lines) written and the input still open, the first
+# translations are out; memory is the window's, not the input's (peak RSS, 1,000 lines against 1,000,000:
+# most empty, every 1000th a sentence; read whole, the million lines took 115 MB more).
+mkfifo feed
+"$translate" "${m[@]}" --greedy < feed > streamed.txt 2> stream.err &
+tpid=$!
+exec 3> feed
+( for _ in $(seq 1 300); do echo "nine hundred and one"; done >&3 ) 2> /dev/null  # (a subshell: a reader gone ends it alone)
+for _ in $(seq 1 300); do [ -s streamed.txt ] && break; sleep 0.1; done
+check "the first translations are written while the input is still open ($(wc -l < streamed.txt) lines)" test -s streamed.txt
+( echo "seven" >&3 ) 2> /dev/null
+exec 3>&-
+wait $tpid
+check "then the rest: 301 lines" test "$(wc -l < streamed.txt)" -eq 301
+peak_kb() {  # peak resident memory of ./translate -i $1, in KB
+  python3 -c 'import resource, subprocess, sys
+subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, check=True)
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)' "$translate" "${m[@]}" --greedy -i "$1"
+}
+awk 'BEGIN { for (i = 0; i < 1000; i++) print (i % 1000 == 0 ? "nine hundred and one" : "") }' > lines_1k.txt
+awk 'BEGIN { for (i = 0; i < 1000000; i++) print (i % 1000 == 0 ? "nine hundred and one" : "") }' > lines_1m.txt
+small_kb=$(peak_kb lines_1k.txt) large_kb=$(peak_kb lines_1m.txt)
+check "peak memory for 1,000,000 lines ($large_kb KB) within 1.2x of 1,000 lines' ($small_kb KB)" \
+  awk -v a="$large_kb" -v b="$small_kb" 'BEGIN { exit !(a > 0 && b > 0 && a <= 1.2 * b) }'
 "$root/train" --data numbers --quiet --merges 20 --max-steps 1 --val-sentences 1 --test-sentences 1 --out other > /dev/null 2>&1
 expect_error "vocabulary of another model" "not the vocabulary" "$translate" "${m[@]}" --vocab other/vocab.bpe
 expect_error "--score without --ref" "--score needs --ref" "$translate" --score in.txt

@@ -1,5 +1,6 @@
 // fuzz_translate_input: ./translate's input path, read_lines() then encode_lines(), on arbitrary bytes.
-// Properties: the lines are the text split at '\n' (a last line may lack it), each without one trailing '\r';
+// Properties: the lines are the text split at '\n' (a last line may lack it), each without one trailing '\r',
+// the first without a UTF-8 byte-order mark;
 // a text that is not UTF-8 is refused with one line "stdin:LINE: invalid UTF-8 at byte N" naming the
 // first bad line and byte; otherwise every line is encoded, no longer than the limit, an over-long line
 // cut with one warning naming it, and a line within the limit decodes back to normalise(line).
@@ -27,11 +28,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int max_tokens = size ? data[0] % 40 + 1 : 8;  // as a model's max_len - 1
   std::istringstream in(bytes);
   const std::vector<std::string> lines = read_lines(in);
-  std::vector<std::string> want;  // split at '\n', one trailing '\r' dropped, no empty line after the last '\n'
+  std::vector<std::string> want;  // split at '\n', a BOM and one trailing '\r' dropped, no empty line after the last '\n'
   for (size_t at = 0; at < bytes.size();) {
     size_t end = bytes.find('\n', at);
     if (end == std::string::npos) end = bytes.size();
     want.push_back(bytes.substr(at, end - at));
+    if (at == 0 && want.back().compare(0, 3, "\xEF\xBB\xBF") == 0) want.back().erase(0, 3);  // a byte-order mark
     if (!want.back().empty() && want.back().back() == '\r') want.back().pop_back();
     at = end + 1;
   }
