@@ -24,15 +24,19 @@ static std::string slurp(const std::string& p) {
 }
 static void spit(const std::string& p, const std::string& s) { std::ofstream(p, std::ios::binary) << s; }
 
-// true when loading fails with a message containing `expect`
-static bool refused(const std::string& path, const std::string& expect) {
+// true when `call` fails with a message containing `expect`
+template <typename Call> static bool fails_with(Call call, const std::string& expect) {
   try {
-    checkpoint_load(path, nullptr);
+    call();
   } catch (const std::runtime_error& e) {
     if (std::string(e.what()).find(expect) != std::string::npos) return true;
     std::fprintf(stderr, "message '%s' lacks '%s'\n", e.what(), expect.c_str());
   }
   return false;
+}
+// true when loading fails with a message containing `expect`
+static bool refused(const std::string& path, const std::string& expect) {
+  return fails_with([&] { checkpoint_load(path, nullptr); }, expect);
 }
 
 int main(int argc, char** argv) {
@@ -82,31 +86,14 @@ int main(int argc, char** argv) {
   other.pre_ln = false;
   Transformer<float> o(other, 1);
   checkpoint_save(bad, o, 0xABCDEF, nullptr);
-  bool threw = false;
-  try {
-    checkpoint_average({p, bad}, r);
-  } catch (const std::runtime_error& e) {
-    threw = std::string(e.what()).find("pre_ln") != std::string::npos;
-  }
-  ck.expect(threw, "averaging checkpoints of different configurations is refused, naming the field");
+  const auto average_with_bad = [&] { checkpoint_average({p, bad}, r); };
+  ck.expect(fails_with(average_with_bad, "pre_ln"), "averaging checkpoints of different configurations is refused, naming the field");
   checkpoint_save(bad, b, 0x123, nullptr);
-  threw = false;
-  try {
-    checkpoint_average({p, bad}, r);
-  } catch (const std::runtime_error& e) {
-    threw = std::string(e.what()).find("vocabulary") != std::string::npos;
-  }
-  ck.expect(threw, "averaging checkpoints of different vocabularies is refused");
+  ck.expect(fails_with(average_with_bad, "vocabulary"), "averaging checkpoints of different vocabularies is refused");
   TrainState other_run = st;
   other_run.run += 1;
   checkpoint_save(bad, b, 0xABCDEF, &other_run);
-  threw = false;
-  try {
-    checkpoint_average({p, bad}, r);
-  } catch (const std::runtime_error& e) {
-    threw = std::string(e.what()).find("another run") != std::string::npos;
-  }
-  ck.expect(threw, "averaging checkpoints of two runs is refused");
+  ck.expect(fails_with(average_with_bad, "another run"), "averaging checkpoints of two runs is refused");
 
   // bad files
   const std::string good = slurp(p);
