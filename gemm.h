@@ -204,7 +204,7 @@ const char* gemm_kernel_name(GemmKernel k) {
     case GemmKernel::avx512: return "avx512";
     case GemmKernel::avx2: return "avx2";
     case GemmKernel::neon: return "neon";
-    case GemmKernel::generic: return "generic";
+    case GemmKernel::generic: return "plain";
   }
   return "?";
 }

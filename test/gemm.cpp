@@ -1,5 +1,5 @@
 // gemm: the fast float product (gemm.h) against the reference cpu::gemm<double> on the same inputs, for
-// every kernel this CPU runs (AVX-512, AVX2, NEON, generic), all four transpositions, with and without
+// every kernel this CPU runs (AVX-512, AVX2, NEON, plain), all four transpositions, with and without
 // accumulation, padded leading dimensions, and shapes that leave partial tiles and blocks on every side.
 // Error measure: |fast - reference| / sum_k |a_ik b_kj|, within (K + 2) 2^-24 (the bound of a float sum
 // of K products). With op(B) packed beforehand (cpu::PackedOperands), the result must be the same bit for
