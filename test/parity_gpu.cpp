@@ -1313,7 +1313,8 @@ int main() {
     Buf xq(ra.vec((size_t)M * D)), xkv(ra.vec((size_t)B * Lk * D)), wq(ra.vec(D * D)), wk(ra.vec(D * D)), wv(ra.vec(D * D)),
         wo(ra.vec(D * D)), dout(ra.vec((size_t)M * D));
     const size_t n = (size_t)M * D;
-    const auto run = [&](bool alone, size_t* ctx_written) {
+    // (the loop's structured bindings captured by name: a lambda may not capture them by [&] before C++20)
+    const auto run = [&, D = D, H = H](bool alone, size_t* ctx_written) {
       Buf aq(zeros(n)), ak(zeros((size_t)B * Lk * D)), av(zeros((size_t)B * Lk * D)), ap(zeros((size_t)B * H * Lq * Lk)), actx(zeros(n)),
           out(zeros(n)), sq(zeros(n)), sk(zeros((size_t)B * Lk * D)), sv(zeros((size_t)B * Lk * D)), sctx(zeros(n));
       Buf dxq(zeros(n)), dxkv(zeros((size_t)B * Lk * D)), dwq(zeros(D * D)), dwk(zeros(D * D)), dwv(zeros(D * D)), dwo(zeros(D * D));
@@ -1405,7 +1406,8 @@ int main() {
         std::memcpy(&b, &e, 4);
         bits.push_back(b >> 16 & 0xff), bits.push_back(b >> 24);
       }
-    const auto run = [&](bool twins) {
+    // (the loop's structured bindings captured by name: a lambda may not capture them by [&] before C++20)
+    const auto run = [&, d = d, heads = heads, lq = lq, lk = lk, shift = shift](bool twins) {
       Buf bq(q), bk(k), bv(v), bdctx(dctx), ctx(zeros(nq)), p(zeros(np)), dq(zeros(nq)), dk(zeros(nk)), dv(zeros(nk));
       // listed alone, the twins in their buffers' own bytes; shifted, beside the fp32 values, in storage off 8-byte alignment
       uint8_t* twin = twins && shift ? gpu::alloc_bytes(bits.size() + 2) : nullptr;
