@@ -171,11 +171,15 @@ peak_kb() {  # peak resident memory of ./translate -i $1, in KB
 subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, check=True)
 print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)' "$translate" "${m[@]}" --greedy -i "$1"
 }
-awk 'BEGIN { for (i = 0; i < 1000; i++) print (i % 1000 == 0 ? "nine hundred and one" : "") }' > lines_1k.txt
-awk 'BEGIN { for (i = 0; i < 1000000; i++) print (i % 1000 == 0 ? "nine hundred and one" : "") }' > lines_1m.txt
-small_kb=$(peak_kb lines_1k.txt) large_kb=$(peak_kb lines_1m.txt)
-check "peak memory for 1,000,000 lines ($large_kb KB) within 1.2x of 1,000 lines' ($small_kb KB)" \
-  awk -v a="$large_kb" -v b="$small_kb" 'BEGIN { exit !(a > 0 && b > 0 && a <= 1.2 * b) }'
+if ldd "$translate" | grep -q libasan; then  # AddressSanitizer's quarantine keeps freed memory resident (256 MB)
+  echo "translate_cli: a sanitizer build: the stream's peak memory is checked by the plain build only"
+else
+  awk 'BEGIN { for (i = 0; i < 1000; i++) print (i % 1000 == 0 ? "nine hundred and one" : "") }' > lines_1k.txt
+  awk 'BEGIN { for (i = 0; i < 1000000; i++) print (i % 1000 == 0 ? "nine hundred and one" : "") }' > lines_1m.txt
+  small_kb=$(peak_kb lines_1k.txt) large_kb=$(peak_kb lines_1m.txt)
+  check "peak memory for 1,000,000 lines ($large_kb KB) within 1.2x of 1,000 lines' ($small_kb KB)" \
+    awk -v a="$large_kb" -v b="$small_kb" 'BEGIN { exit !(a > 0 && b > 0 && a <= 1.2 * b) }'
+fi
 "$root/train" --data numbers --quiet --merges 20 --max-steps 1 --val-sentences 1 --test-sentences 1 --out other > /dev/null 2>&1
 expect_error "vocabulary of another model" "not the vocabulary" "$translate" "${m[@]}" --vocab other/vocab.bpe
 expect_error "--score without --ref" "--score needs --ref" "$translate" --score in.txt
